@@ -1,0 +1,160 @@
+# fattn: one entry point. make [all|run|test|gpu-test|gpu-sanitize|asan|fuzz|bench|clean]
+# Host code is C11 with -Werror; CUDA code is built for CUDA_ARCHS (sm_90a only for attn/fa3).
+
+CUDA        ?= /usr/local/cuda
+NVCC        ?= $(CUDA)/bin/nvcc
+CC          ?= gcc
+CLANG       ?= clang
+CUDA_ARCHS  ?= 80 90a
+FUZZ_SECONDS ?= 60
+BUILD       ?= build
+JOBS        ?= $(shell nproc)
+
+comma := ,
+gencode = $(foreach a,$(1),-gencode=arch=compute_$(a),code=sm_$(a))
+HOPPER_ARCHS := $(filter 90a,$(CUDA_ARCHS))
+
+INCLUDES  := -I. -Ilib -I$(CUDA)/include
+CWARN     := -Wall -Wextra -Werror
+CFLAGS    ?= -O2 -g
+ALL_CFLAGS = -std=c11 -D_GNU_SOURCE $(CWARN) $(CFLAGS) $(INCLUDES) -MMD -MP
+NVCCFLAGS ?= -O3 -g -lineinfo
+ALL_NVCCFLAGS = -std=c++17 $(NVCCFLAGS) $(INCLUDES) -Xcompiler -Wall,-Wextra,-Werror \
+                --expt-relaxed-constexpr -Werror all-warnings -MMD -MP
+
+LIB_C   := $(sort $(wildcard lib/*.c arena/*.c attn/*.c attn/*/*.c graph/*.c))
+LIB_CU  := $(sort $(wildcard arena/*.cu attn/*.cu attn/ref/*.cu attn/fa2/*.cu attn/mla/*.cu graph/*.cu))
+LIB_CU90 := $(sort $(wildcard attn/fa3/*.cu attn/fa4/*.cu))
+LIB_OBJS := $(LIB_C:%.c=$(BUILD)/obj/%.o) $(LIB_CU:%.cu=$(BUILD)/obj/%.cu.o)
+ifneq ($(HOPPER_ARCHS),)
+LIB_OBJS += $(LIB_CU90:%.cu=$(BUILD)/obj/%.cu.o)
+ALL_CFLAGS += -DFATTN_HAVE_SM90A=1
+ALL_NVCCFLAGS += -DFATTN_HAVE_SM90A=1
+endif
+
+SUPPORT_C  := $(sort $(wildcard tests/support*.c))
+SUPPORT_CU := $(sort $(wildcard tests/support*.cu))
+SUPPORT_OBJS := $(SUPPORT_C:%.c=$(BUILD)/obj/%.o) $(SUPPORT_CU:%.cu=$(BUILD)/obj/%.cu.o)
+CPU_TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(sort $(wildcard tests/test_*.c)))
+GPU_TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(sort $(wildcard tests/gpu_*.c)))
+FUZZERS   := $(patsubst fuzz/%.c,%,$(sort $(wildcard fuzz/fuzz_*.c)))
+BENCH_C   := $(sort $(wildcard bench/*.c))
+BENCH_CU  := $(sort $(wildcard bench/*.cu))
+
+# Calls that the hot path must never make; tests/support.c counts them (and injects faults).
+WRAPPED := malloc calloc realloc free posix_memalign aligned_alloc \
+           cudaMalloc cudaFree cudaHostAlloc cudaMallocHost cudaFreeHost cudaMallocManaged \
+           cudaMallocAsync cudaFreeAsync cudaDeviceSynchronize cudaStreamSynchronize \
+           cudaEventSynchronize cudaMemcpy cudaMemset
+WRAP_FLAGS := $(foreach f,$(WRAPPED),-Wl,--wrap=$(f))
+
+STATIC_DEPS := -Wl,-Bstatic -ljemalloc -lcheck -lsubunit -Wl,-Bdynamic
+CUDA_LIBS   := -L$(CUDA)/lib64 $(CUDA)/lib64/libcudart_static.a -lcurand
+SYS_LIBS    := -lstdc++ -lm -lpthread -ldl -lrt
+LINK_TEST = $(CC) $(CFLAGS) -o $@ $^ $(WRAP_FLAGS) $(STATIC_DEPS) $(CUDA_LIBS) $(SYS_LIBS)
+
+.PHONY: all deps run test cpu-test gpu-test gpu-sanitize asan fuzz fuzz-replay bench clean
+.DEFAULT_GOAL := all
+
+all: deps $(BUILD)/libfattn.a $(CPU_TESTS) $(GPU_TESTS) $(BUILD)/fattn-bench
+
+deps:
+	@bash .ci/deps
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/attn/fa3/%.cu.o: attn/fa3/%.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(ALL_NVCCFLAGS) $(call gencode,$(HOPPER_ARCHS)) -c $< -o $@
+
+$(BUILD)/obj/attn/fa4/%.cu.o: attn/fa4/%.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(ALL_NVCCFLAGS) $(call gencode,$(HOPPER_ARCHS)) -c $< -o $@
+
+$(BUILD)/obj/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(ALL_NVCCFLAGS) $(call gencode,$(CUDA_ARCHS)) -c $< -o $@
+
+$(BUILD)/libfattn.a: $(LIB_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(SUPPORT_OBJS) $(BUILD)/libfattn.a
+	@mkdir -p $(dir $@)
+	$(LINK_TEST)
+
+$(BUILD)/fattn-bench: $(BENCH_C:%.c=$(BUILD)/obj/%.o) $(BENCH_CU:%.cu=$(BUILD)/obj/%.cu.o) $(BUILD)/libfattn.a
+	$(CC) $(CFLAGS) -o $@ $^ -Wl,-Bstatic -ljemalloc -Wl,-Bdynamic $(CUDA_LIBS) $(SYS_LIBS)
+
+# Every suite; GPU suites skip themselves (one line each, counted) without a device.
+test: all
+	@bash tests/run.sh $(CPU_TESTS) $(GPU_TESTS)
+
+cpu-test: all
+	@bash tests/run.sh $(CPU_TESTS)
+
+gpu-test: all
+	@bash tests/run.sh --require-gpu $(GPU_TESTS)
+
+gpu-sanitize: all
+	@bash tests/sanitize.sh $(GPU_TESTS)
+
+run: all
+	$(BUILD)/fattn-bench run
+
+bench: all
+	$(BUILD)/fattn-bench decode
+	$(BUILD)/fattn-bench prefill
+
+# ---- AddressSanitizer + UBSan + LeakSanitizer over the CPU suites (host C code only).
+ASAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
+ASAN_LIB_OBJS := $(LIB_C:%.c=$(BUILD)/asan/%.o) $(LIB_CU:%.cu=$(BUILD)/obj/%.cu.o)
+ifneq ($(HOPPER_ARCHS),)
+ASAN_LIB_OBJS += $(LIB_CU90:%.cu=$(BUILD)/obj/%.cu.o)
+endif
+ASAN_TESTS := $(patsubst tests/%.c,$(BUILD)/asan/tests/%,$(sort $(wildcard tests/test_*.c)))
+
+$(BUILD)/asan/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(ASAN_FLAGS) -c $< -o $@
+
+$(BUILD)/asan/libfattn.a: $(ASAN_LIB_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+# jemalloc is linked dynamically here so that ASan's allocator keeps malloc.
+$(BUILD)/asan/tests/%: $(BUILD)/asan/tests/%.o $(SUPPORT_C:%.c=$(BUILD)/asan/%.o) $(SUPPORT_CU:%.cu=$(BUILD)/obj/%.cu.o) $(BUILD)/asan/libfattn.a
+	@mkdir -p $(dir $@)
+	$(CC) $(ASAN_FLAGS) -o $@ $^ $(WRAP_FLAGS) -ljemalloc -Wl,-Bstatic -lcheck -lsubunit -Wl,-Bdynamic $(CUDA_LIBS) $(SYS_LIBS)
+
+asan: deps $(ASAN_TESTS)
+	@ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1:abort_on_error=1 \
+	 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 bash tests/run.sh $(ASAN_TESTS)
+
+# ---- libFuzzer harnesses (clang), then a replay of the committed corpora.
+FUZZ_FLAGS := -O1 -g -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all
+FUZZ_LIB_OBJS := $(LIB_C:%.c=$(BUILD)/fuzzobj/%.o) $(LIB_CU:%.cu=$(BUILD)/obj/%.cu.o)
+ifneq ($(HOPPER_ARCHS),)
+FUZZ_LIB_OBJS += $(LIB_CU90:%.cu=$(BUILD)/obj/%.cu.o)
+endif
+
+$(BUILD)/fuzzobj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CLANG) -std=c11 -D_GNU_SOURCE $(CWARN) $(INCLUDES) $(FUZZ_FLAGS) -c $< -o $@
+
+$(BUILD)/fuzz/%: $(BUILD)/fuzzobj/fuzz/%.o $(FUZZ_LIB_OBJS)
+	@mkdir -p $(dir $@)
+	$(CLANG) -fsanitize=fuzzer,address,undefined -o $@ $^ -ljemalloc $(CUDA_LIBS) $(SYS_LIBS)
+
+fuzz: deps $(FUZZERS:%=$(BUILD)/fuzz/%)
+	@bash fuzz/run.sh $(FUZZ_SECONDS) $(FUZZERS)
+
+fuzz-replay: deps $(FUZZERS:%=$(BUILD)/fuzz/%)
+	@bash fuzz/run.sh 0 $(FUZZERS)
+
+clean:
+	rm -rf $(BUILD)
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

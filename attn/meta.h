@@ -1,0 +1,126 @@
+/* meta.h: the per-step metadata that the planner ships and every backend reads.
+ * Plain C shared by host code and CUDA (FATTN__HD); one prep routine for both sides. */
+#ifndef FATTN_ATTN_META_H
+#define FATTN_ATTN_META_H
+
+#include <stdint.h>
+
+#ifdef __CUDACC__
+#define FATTN__HD __host__ __device__ __forceinline__
+#else
+#define FATTN__HD static inline
+#endif
+
+/* Page-table entry for a slot no page backs: out of range on purpose, so that a kernel
+ * that reads past a sequence faults under memcheck instead of reading stale KV. */
+#define FATTN__PAGE_NONE 0xFFFFFFFFu
+/* Query tile the prep routine counts tiles in (kernels may use multiples of it). */
+#define FATTN__Q_TILE 64u
+/* A split covers a multiple of this many KV slots. */
+#define FATTN__SPLIT_ALIGN 128u
+/* Split rows available per allowed split (workspace size = max_splits * this). */
+#define FATTN__SPLIT_ROWS_PER_SPLIT 64u
+/* A split-KV entry gets at most one split per this many KV slots. */
+#define FATTN__SPLIT_MIN_KV 256u
+
+/* One entry of a step. The host fills seq..mask_row; fattn__prep fills the rest. */
+typedef struct fattn__entry {
+  uint32_t seq;      /* page-table row */
+  uint32_t q_len;    /* query tokens */
+  uint32_t kv_len;   /* KV slots attended: [0, kv_len) */
+  uint32_t new_len;  /* slots fattn_store_kv writes: [kv_len - new_len, kv_len) */
+  uint32_t mask_row; /* first tree-mask row of this entry, or UINT32_MAX (chain / causal) */
+  uint32_t q_start;  /* prefix sum of q_len: first query token */
+  uint32_t new_start; /* prefix sum of new_len: first row of the new K/V */
+  uint32_t tile_start; /* prefix sum of ceil(q_len / FATTN__Q_TILE) */
+  uint32_t num_splits; /* split-KV pieces (1: no split) */
+  uint32_t split_len;  /* KV slots per split, a multiple of FATTN__SPLIT_ALIGN */
+  uint32_t split_row;  /* first workspace row: row of (token t, split s) = split_row + t * num_splits + s */
+  uint32_t reserved;
+} fattn__entry;
+
+/* Step header: counts the kernels read on the device (graphs replay with new counts). */
+typedef struct fattn__step_hdr {
+  uint32_t mode;          /* fattn_mode */
+  uint32_t num_entries;
+  uint32_t num_q_tokens;  /* filled by prep */
+  uint32_t num_new_tokens; /* filled by prep */
+  uint32_t num_tiles;     /* filled by prep: total query tiles */
+  uint32_t num_split_rows; /* filled by prep */
+  uint32_t max_splits;    /* bound fixed at create */
+  uint32_t split_rows_cap; /* workspace rows available */
+  uint32_t target_ctas;   /* split policy: blocks wanted to fill the device */
+  uint32_t num_kv_heads;
+  uint32_t causal;        /* 0 for CROSS */
+  uint32_t num_pt_updates; /* page-table updates in this slot (see fattn__pt_update) */
+  uint32_t num_page_copies; /* copy-on-write copies in this slot */
+  uint32_t num_mask_rows;
+  uint32_t reserved[2];
+} fattn__step_hdr;
+
+/* Page-table update: row[index .. index + count) = the next count words of the payload. */
+typedef struct fattn__pt_update {
+  uint32_t row;
+  uint32_t index;
+  uint32_t count;
+  uint32_t payload; /* offset of the first page id in the slot's payload words */
+} fattn__pt_update;
+
+/* Copy-on-write: page dst gets page src's contents (every layer, K and V). */
+typedef struct fattn__page_copy {
+  uint32_t src;
+  uint32_t dst;
+} fattn__page_copy;
+
+FATTN__HD uint32_t fattn__ceil_div(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
+
+/* Split policy, identical on host and device. Decode-like modes split long KV so that
+ * num_entries * kv_heads * splits reaches target_ctas; prefill-like modes never split. */
+FATTN__HD uint32_t fattn__splits_for(const fattn__step_hdr *h, uint32_t kv_len,
+                                      uint32_t q_len) {
+  if (h->mode != 2u && h->mode != 3u && h->mode != 4u) /* DECODE, TARGET_VERIFY, DRAFT_DECODE */
+    return 1u;
+  uint32_t per_entry = h->num_entries * h->num_kv_heads;
+  if (per_entry == 0u) return 1u;
+  uint32_t want = fattn__ceil_div(h->target_ctas, per_entry);
+  uint32_t by_len = kv_len / FATTN__SPLIT_MIN_KV;
+  uint32_t n = want < by_len ? want : by_len;
+  if (n > h->max_splits) n = h->max_splits;
+  if (n < 2u || q_len == 0u) return 1u;
+  return n;
+}
+
+/* Fills the derived fields of entries and header. Split rows beyond the workspace fall
+ * back to one split, so the plan is valid for any batch. */
+FATTN__HD void fattn__prep(fattn__step_hdr *h, fattn__entry *e) {
+  uint32_t q = 0, nw = 0, tiles = 0, rows = 0;
+  for (uint32_t i = 0; i < h->num_entries; i++) {
+    fattn__entry *x = &e[i];
+    x->q_start = q;
+    x->new_start = nw;
+    x->tile_start = tiles;
+    uint32_t n = fattn__splits_for(h, x->kv_len, x->q_len);
+    uint32_t len = x->kv_len;
+    if (n > 1u) {
+      len = fattn__ceil_div(fattn__ceil_div(x->kv_len, n), FATTN__SPLIT_ALIGN) * FATTN__SPLIT_ALIGN;
+      n = fattn__ceil_div(x->kv_len, len);
+      if (n < 2u || rows + n * x->q_len > h->split_rows_cap) {
+        n = 1u;
+        len = x->kv_len;
+      }
+    }
+    x->num_splits = n;
+    x->split_len = len;
+    x->split_row = n > 1u ? rows : UINT32_MAX;
+    if (n > 1u) rows += n * x->q_len;
+    q += x->q_len;
+    nw += x->new_len;
+    tiles += fattn__ceil_div(x->q_len, FATTN__Q_TILE);
+  }
+  h->num_q_tokens = q;
+  h->num_new_tokens = nw;
+  h->num_tiles = tiles;
+  h->num_split_rows = rows;
+}
+
+#endif /* FATTN_ATTN_META_H */

@@ -1,0 +1,291 @@
+/* fattn.h: the public face of fattn, attention for LLM serving on one GPU.
+ * Status codes, model and config descriptions, context lifetime, sequences, steps, graphs. */
+#ifndef FATTN_H
+#define FATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FATTN_VERSION_MAJOR 0
+#define FATTN_VERSION_MINOR 1
+#define FATTN_VERSION_PATCH 0
+
+/* ---------------------------------------------------------------- status */
+
+/* X(name, value, message). 0 is OK, every error is negative. */
+#define FATTN_STATUS_MAP(X)                                                   \
+  X(OK, 0, "success")                                                         \
+  X(ERR_INVALID, -1, "invalid argument")                                      \
+  X(ERR_NOMEM, -2, "out of memory")                                           \
+  X(ERR_CAPACITY, -3, "capacity exhausted (pages, sequences or slots)")       \
+  X(ERR_BUSY, -4, "context still has live sequences")                         \
+  X(ERR_UNSUPPORTED, -5, "combination not supported by the chosen backend")   \
+  X(ERR_CUDA, -6, "CUDA runtime error")                                       \
+  X(ERR_NOT_FOUND, -7, "unknown or closed sequence")                          \
+  X(ERR_STATE, -8, "call out of order")                                       \
+  X(ERR_NO_DEVICE, -9, "no usable CUDA device")                               \
+  X(ERR_OVERFLOW, -10, "size arithmetic overflows")                           \
+  X(ERR_CORRUPT, -11, "internal invariant violated")
+
+typedef enum fattn_status {
+#define FATTN_STATUS_ENUM_(name, value, msg) FATTN_##name = value,
+  FATTN_STATUS_MAP(FATTN_STATUS_ENUM_)
+#undef FATTN_STATUS_ENUM_
+} fattn_status;
+
+const char *fattn_strerror(fattn_status status);    /* "invalid argument" */
+const char *fattn_status_name(fattn_status status); /* "FATTN_ERR_INVALID" */
+const char *fattn_version(void);                    /* "0.1.0" */
+
+/* ----------------------------------------------------------------- enums */
+
+typedef enum fattn_dtype {
+  FATTN_DTYPE_BF16 = 1,
+  FATTN_DTYPE_FP16 = 2,
+  FATTN_DTYPE_FP8_E4M3 = 3, /* KV only; scaled per layer, see fattn_layer_opts */
+} fattn_dtype;
+
+typedef enum fattn_backend {
+  FATTN_BACKEND_AUTO = 0, /* best available for the device */
+  FATTN_BACKEND_FA2 = 1,  /* portable sm_80+ */
+  FATTN_BACKEND_FA3 = 2,  /* Hopper sm_90a */
+  FATTN_BACKEND_FA4 = 3,  /* FA4-style prefill */
+  FATTN_BACKEND_CPU = 4,  /* float64 reference on the host */
+} fattn_backend;
+
+typedef enum fattn_mode {
+  FATTN_MODE_PREFILL = 1,       /* extend: q_len new tokens over a cached prefix, causal */
+  FATTN_MODE_DECODE = 2,        /* one new token per sequence */
+  FATTN_MODE_TARGET_VERIFY = 3, /* spec_draft_tokens queries per sequence, tree mask or chain */
+  FATTN_MODE_DRAFT_DECODE = 4,  /* topk branch sequences per request, one token each */
+  FATTN_MODE_DRAFT_EXTEND = 5,  /* causal extend over the tokens just accepted */
+  FATTN_MODE_CROSS = 6,         /* non-causal over a sequence holding encoder KV */
+} fattn_mode;
+#define FATTN_MODE_COUNT 6
+
+/* fattn_config.device: run on the host with the float64 reference. */
+#define FATTN_DEVICE_CPU (-1)
+/* fattn_layer_opts.sliding_window: no window. */
+#define FATTN_NO_WINDOW (-1)
+/* Largest page_size; page sizes are powers of two in 1..FATTN_MAX_PAGE_SIZE. */
+#define FATTN_MAX_PAGE_SIZE 256
+/* Largest spec_draft_tokens: a tree-mask row is one uint64_t. */
+#define FATTN_MAX_DRAFT_TOKENS 64
+/* Largest number of graph batch-size buckets per mode. */
+#define FATTN_MAX_GRAPH_BUCKETS 64
+/* Largest number of layers and q heads a model may describe. */
+#define FATTN_MAX_LAYERS 1024
+#define FATTN_MAX_HEADS 1024
+
+/* --------------------------------------------------------------- model */
+
+/* Per-layer options. A NULL fattn_model.layers means every layer takes the defaults
+ * given by FATTN_LAYER_OPTS_INIT. */
+typedef struct fattn_layer_opts {
+  int32_t sliding_window; /* token i sees j in [i - w, i]; FATTN_NO_WINDOW for none */
+  uint32_t chunk_size;    /* chunked local attention: i sees j only in its own chunk; 0 none */
+  float k_scale;          /* fp8 KV: stored = k / k_scale, read = stored * k_scale */
+  float v_scale;
+} fattn_layer_opts;
+#define FATTN_LAYER_OPTS_INIT {FATTN_NO_WINDOW, 0, 1.0f, 1.0f}
+
+typedef struct fattn_model {
+  uint32_t struct_size; /* sizeof(fattn_model), set by FATTN_MODEL_INIT */
+  uint32_t num_layers;
+  uint32_t num_q_heads;
+  uint32_t num_kv_heads; /* divides num_q_heads: MHA, GQA, MQA */
+  uint32_t head_dim;     /* Q and K: 64, 96, 128, 192, 256 (MLA: latent + rope) */
+  uint32_t head_dim_v;   /* V and O, <= head_dim; 0 means head_dim */
+  uint32_t mla_latent_dim; /* MLA absorbed form: 512; 0 means not MLA */
+  uint32_t mla_rope_dim;   /* MLA: 64 */
+  float softmax_scale;     /* 0 means 1 / sqrt(head_dim) */
+  float logit_softcap;     /* s = cap * tanh(s / cap) before masking; 0 means none */
+  const fattn_layer_opts *layers; /* [num_layers] or NULL; copied at create */
+  const float *sinks; /* [num_layers][num_q_heads] logits joining the denominator, or NULL;
+                         copied at create; -INFINITY for a head without a sink */
+} fattn_model;
+#define FATTN_MODEL_INIT {sizeof(fattn_model), 0, 0, 0, 0, 0, 0, 0, 0.0f, 0.0f, NULL, NULL}
+
+/* -------------------------------------------------------------- config */
+
+/* Flags for fattn_config.flags. */
+#define FATTN_FLAG_CALLER_PAGES 0x1u /* the caller owns page ids: fattn_seq_map, no allocator */
+
+typedef struct fattn_config {
+  uint32_t struct_size; /* sizeof(fattn_config), set by FATTN_CONFIG_INIT */
+  int32_t device;       /* CUDA device ordinal, or FATTN_DEVICE_CPU */
+  fattn_dtype q_dtype;  /* Q, new K/V and O: BF16 or FP16 */
+  fattn_dtype kv_dtype; /* cache: BF16, FP16 or FP8_E4M3 */
+  uint32_t page_size;   /* tokens per page, power of two in 1..256 */
+  uint64_t kv_budget_bytes; /* bytes for all K and V pools; or */
+  uint32_t kv_budget_pages; /* pages (wins when non-zero) */
+  uint32_t max_seqs;    /* sequences open at once, branches included; 0 means max_batch * max(1, spec_topk) */
+  uint32_t max_batch;   /* entries of one step (DRAFT_DECODE: requests; each brings spec_topk) */
+  uint32_t max_seq_len; /* tokens per sequence */
+  uint32_t max_q_tokens; /* query tokens in one step */
+  uint32_t spec_topk;    /* speculative decoding: branches per request; 0 disables it */
+  uint32_t spec_steps;   /* draft steps per round */
+  uint32_t spec_draft_tokens; /* TARGET_VERIFY queries per request, <= FATTN_MAX_DRAFT_TOKENS */
+  uint32_t max_encoder_len;   /* CROSS mode: longest encoder sequence; 0 disables CROSS */
+  fattn_backend prefill_backend; /* PREFILL, TARGET_VERIFY, DRAFT_EXTEND, CROSS */
+  fattn_backend decode_backend;  /* DECODE, DRAFT_DECODE */
+  uint32_t max_splits;   /* split-KV bound fixed at create (graph safe); 0 means 32 */
+  uint32_t staging_slots; /* pinned staging ring depth; 0 means 4 */
+  uint32_t num_graph_buckets; /* 0 means the default buckets (1, 2, 4, 8, 12, 16, 24, 32, 40, .., 256 cut at max_batch) */
+  const uint32_t *graph_buckets; /* [num_graph_buckets], strictly increasing, or NULL */
+  uint32_t graph_modes;  /* bit (1 << mode) per mode that gets graph buffers; 0 none */
+  uint32_t flags;        /* FATTN_FLAG_* */
+} fattn_config;
+#define FATTN_CONFIG_INIT                                                        \
+  {sizeof(fattn_config), 0, FATTN_DTYPE_BF16, FATTN_DTYPE_BF16, 16, 0, 0, 0, 1, \
+   4096, 4096, 0, 0, 0, 0, FATTN_BACKEND_AUTO, FATTN_BACKEND_AUTO, 0, 0, 0, NULL, 0, 0}
+
+/* ---------------------------------------------------------- memory plan */
+
+typedef enum fattn_region {
+  FATTN_REGION_K_POOL = 0,   /* all layers: [layers][pages, page_size, kv_heads, head_dim] */
+  FATTN_REGION_V_POOL,       /* all layers: [layers][pages, page_size, kv_heads, head_dim_v]; 0 for MLA */
+  FATTN_REGION_PAGE_TABLE,   /* [max_seqs, pages_per_seq] int32 */
+  FATTN_REGION_METADATA,     /* per-step device metadata written by the planner */
+  FATTN_REGION_SPLIT_WORKSPACE, /* split-KV partial O and LSE */
+  FATTN_REGION_GRAPH_STATIC, /* per-(mode, bucket) metadata for captured graphs */
+  FATTN_REGION_MODEL,        /* sinks and per-layer options on the device */
+  FATTN_REGION_PINNED_STAGING, /* host: staging ring, sequence tables, free stack */
+  FATTN_REGION_COUNT
+} fattn_region;
+
+typedef struct fattn_memory_report {
+  uint32_t struct_size;
+  uint64_t region_bytes[FATTN_REGION_COUNT];
+  uint64_t device_bytes;  /* the one device allocation (host memory on the CPU backend) */
+  uint64_t pinned_bytes;  /* the one pinned host allocation */
+  uint32_t num_pages;
+  uint32_t pages_per_seq;
+  uint64_t page_bytes;    /* K + V bytes one page holds over all layers */
+  uint64_t graph_bytes_per_mode[FATTN_MODE_COUNT + 1]; /* indexed by fattn_mode */
+} fattn_memory_report;
+#define FATTN_MEMORY_REPORT_INIT {sizeof(fattn_memory_report), {0}, 0, 0, 0, 0, 0, {0}}
+
+const char *fattn_region_name(fattn_region region); /* "k_pool", ... */
+
+/* Pure: lays out every region without touching a device. On error, detail (if not NULL,
+ * detail_len bytes) says which field was wrong. */
+fattn_status fattn_memory_plan(const fattn_config *cfg, const fattn_model *model,
+                               fattn_memory_report *report, char *detail, size_t detail_len);
+
+/* -------------------------------------------------------------- context */
+
+typedef struct fattn_ctx fattn_ctx;
+
+/* One device allocation and one pinned host allocation; nothing is allocated afterwards.
+ * On failure *out is NULL and, if detail is not NULL, it holds the reason. */
+fattn_status fattn_create(const fattn_config *cfg, const fattn_model *model, fattn_ctx **out,
+                          char *detail, size_t detail_len);
+/* NULL is a no-op. With live sequences: FATTN_ERR_BUSY unless force is non-zero. */
+fattn_status fattn_destroy(fattn_ctx *ctx, int force);
+
+/* Detail of the last error on this context: which argument and why. Never NULL. */
+const char *fattn_detail(const fattn_ctx *ctx);
+/* The plan the context was created with. */
+const fattn_memory_report *fattn_ctx_memory(const fattn_ctx *ctx);
+/* Backend that runs mode on this context (after AUTO was resolved). */
+fattn_backend fattn_ctx_backend(const fattn_ctx *ctx, fattn_mode mode);
+
+/* Invariants: free + owned = total, each page free once or owned with refcount equal to
+ * its references, every page-table entry in range or the sentinel. OK or ERR_CORRUPT. */
+fattn_status fattn_check(fattn_ctx *ctx);
+
+typedef struct fattn_stats {
+  uint32_t struct_size;
+  uint32_t pages_total;
+  uint32_t pages_free;
+  uint32_t seqs_open;
+  uint64_t page_allocs;
+  uint64_t page_frees;
+  uint64_t steps_planned;
+  uint64_t staging_waits; /* plans that found the staging ring full (back-pressure) */
+  uint64_t cow_copies;    /* shared pages copied before a write */
+} fattn_stats;
+#define FATTN_STATS_INIT {sizeof(fattn_stats), 0, 0, 0, 0, 0, 0, 0, 0}
+fattn_status fattn_get_stats(const fattn_ctx *ctx, fattn_stats *stats);
+
+/* ------------------------------------------------------------ sequences */
+
+/* A sequence owns an ordered list of pages holding its KV; its length is the number of
+ * token slots it covers. Page-table changes are shipped to the device at the next plan. */
+fattn_status fattn_seq_open(fattn_ctx *ctx, uint32_t *seq);
+/* Grows the sequence to num_tokens slots (never shrinks). Out of pages: ERR_CAPACITY and
+ * nothing changed. A write slot that lands in a shared page gets a private copy first. */
+fattn_status fattn_seq_reserve(fattn_ctx *ctx, uint32_t seq, uint32_t num_tokens);
+/* New sequence sharing the first num_tokens slots of src (whole pages by reference). */
+fattn_status fattn_seq_fork(fattn_ctx *ctx, uint32_t src, uint32_t num_tokens, uint32_t *dst);
+/* Shrinks to num_tokens slots, releasing pages past it (rejected draft tokens). */
+fattn_status fattn_seq_truncate(fattn_ctx *ctx, uint32_t seq, uint32_t num_tokens);
+/* Releases every page reference and the id. */
+fattn_status fattn_seq_close(fattn_ctx *ctx, uint32_t seq);
+fattn_status fattn_seq_length(const fattn_ctx *ctx, uint32_t seq, uint32_t *num_tokens);
+/* FATTN_FLAG_CALLER_PAGES only: entries [first, first + count) of seq's page table become
+ * pages[0..count) (each < num_pages), and the length becomes at least
+ * (first + count) * page_size capped at max_seq_len. fattn never frees caller pages. */
+fattn_status fattn_seq_map(fattn_ctx *ctx, uint32_t seq, uint32_t first, uint32_t count,
+                           const uint32_t *pages);
+
+/* ---------------------------------------------------------------- steps */
+
+/* One step. Entry i attends with q_lens[i] query tokens to the first kv_lens[i] slots of
+ * sequence seq_ids[i]; its new tokens are the last q_lens[i] of those (the last
+ * kv_new_lens[i] in CROSS mode). Tokens are packed entry after entry:
+ *   q   [q_tokens, q_heads, head_dim]      out [q_tokens, q_heads, head_dim_v]
+ *   k   [new_tokens, kv_heads, head_dim]   v   [new_tokens, kv_heads, head_dim_v]
+ *   lse [q_tokens, q_heads] float, natural log
+ * DECODE, DRAFT_DECODE: q_lens NULL means 1 each. DRAFT_DECODE lists num_seqs * spec_topk
+ * branch sequences, request after request (num_seqs counts requests).
+ * TARGET_VERIFY: q_lens NULL means spec_draft_tokens each; tree_mask (spec_topk > 1) is
+ * [num_seqs][spec_draft_tokens] rows, bit j of row i: draft i sees draft j; NULL is a chain.
+ * DRAFT_EXTEND: q_lens are the accepted counts (<= spec_draft_tokens + 1).
+ * CROSS: non-causal; kv_lens are encoder lengths; kv_new_lens[i] encoder tokens are given
+ * to fattn_store_kv this step (NULL means none: the encoder KV is already cached). */
+typedef struct fattn_batch {
+  uint32_t struct_size; /* sizeof(fattn_batch), set by FATTN_BATCH_INIT */
+  fattn_mode mode;
+  uint32_t num_seqs;
+  const uint32_t *seq_ids;     /* [num_seqs] (DRAFT_DECODE: [num_seqs * spec_topk]) */
+  const uint32_t *q_lens;      /* [entries] or NULL, see above */
+  const uint32_t *kv_lens;     /* [entries] or NULL: each sequence's length */
+  const uint32_t *kv_new_lens; /* CROSS only, [entries] or NULL */
+  const uint64_t *tree_mask;   /* TARGET_VERIFY with spec_topk > 1, or NULL */
+} fattn_batch;
+#define FATTN_BATCH_INIT {sizeof(fattn_batch), FATTN_MODE_DECODE, 0, NULL, NULL, NULL, NULL, NULL}
+
+/* Streams are cudaStream_t passed as void* so that the header needs no CUDA; ignored on the
+ * CPU backend. Pointers to q, k, v, out, lse are device pointers (host on the CPU backend). */
+
+/* Validates the batch, ships page-table changes and step metadata; no sync, no allocation.
+ * A rejected batch leaves every state unchanged. */
+fattn_status fattn_plan(fattn_ctx *ctx, const fattn_batch *batch, void *stream);
+/* Writes this step's new K and V of one layer into their pages (fp8: quantised). */
+fattn_status fattn_store_kv(fattn_ctx *ctx, uint32_t layer, const void *k, const void *v,
+                            void *stream);
+/* Attention of one layer for the planned step. lse may be NULL. */
+fattn_status fattn_attend(fattn_ctx *ctx, uint32_t layer, const void *q, void *out, float *lse,
+                          void *stream);
+
+/* --------------------------------------------------------------- graphs */
+
+typedef void (*fattn_graph_fn)(void *user, void *stream);
+
+/* Captures fn for (mode, bucket of batch_size) under cudaStreamCaptureModeGlobal; fn calls
+ * fattn_store_kv / fattn_attend (and its own kernels) on the stream it is given. */
+fattn_status fattn_graph_capture(fattn_ctx *ctx, fattn_mode mode, uint32_t batch_size,
+                                 fattn_graph_fn fn, void *user);
+/* Plans batch into the smallest captured bucket >= its size and launches that graph. */
+fattn_status fattn_graph_launch(fattn_ctx *ctx, const fattn_batch *batch, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FATTN_H */

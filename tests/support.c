@@ -1,0 +1,134 @@
+/* support.c: what every test binary links: device count, and counting wrappers over the
+ * allocation and synchronising calls the hot path must never make, with fault injection. */
+#include "tests/support.h"
+
+#include <cuda_runtime_api.h>
+#include <stdlib.h>
+
+fattn_call_counts fattn_calls;
+static long fail_at[FATTN_FAULT_KINDS]; /* 1-based call to fail, 0: none */
+static long seen[FATTN_FAULT_KINDS];
+
+int fattn_test_cuda_devices(void) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+  return n;
+}
+
+void fattn_fault_arm(fattn_fault_kind kind, long nth) {
+  for (int k = 0; k < FATTN_FAULT_KINDS; k++) { fail_at[k] = 0; seen[k] = 0; }
+  if (nth > 0) fail_at[kind] = nth;
+}
+
+long fattn_fault_seen(fattn_fault_kind kind) { return seen[kind]; }
+
+static int fault_now(fattn_fault_kind kind) {
+  seen[kind]++;
+  return fail_at[kind] != 0 && seen[kind] == fail_at[kind];
+}
+
+void fattn_calls_reset(void) { memset(&fattn_calls, 0, sizeof fattn_calls); }
+
+long fattn_calls_forbidden(void) {
+  return fattn_calls.malloc + fattn_calls.device_alloc + fattn_calls.host_alloc +
+         fattn_calls.sync + fattn_calls.free;
+}
+
+void *__real_malloc(size_t n);
+void *__real_calloc(size_t a, size_t b);
+void *__real_realloc(void *p, size_t n);
+void __real_free(void *p);
+int __real_posix_memalign(void **p, size_t a, size_t n);
+void *__real_aligned_alloc(size_t a, size_t n);
+
+void *__wrap_malloc(size_t n) {
+  fattn_calls.malloc++;
+  return fault_now(FATTN_FAULT_HOST) ? NULL : __real_malloc(n);
+}
+void *__wrap_calloc(size_t a, size_t b) {
+  fattn_calls.malloc++;
+  return fault_now(FATTN_FAULT_HOST) ? NULL : __real_calloc(a, b);
+}
+void *__wrap_realloc(void *p, size_t n) {
+  fattn_calls.malloc++;
+  return fault_now(FATTN_FAULT_HOST) ? NULL : __real_realloc(p, n);
+}
+void __wrap_free(void *p) {
+  if (p) fattn_calls.free++;
+  __real_free(p);
+}
+int __wrap_posix_memalign(void **p, size_t a, size_t n) {
+  fattn_calls.malloc++;
+  return fault_now(FATTN_FAULT_HOST) ? 12 /* ENOMEM */ : __real_posix_memalign(p, a, n);
+}
+void *__wrap_aligned_alloc(size_t a, size_t n) {
+  fattn_calls.malloc++;
+  return fault_now(FATTN_FAULT_HOST) ? NULL : __real_aligned_alloc(a, n);
+}
+
+cudaError_t __real_cudaMalloc(void **p, size_t n);
+cudaError_t __real_cudaFree(void *p);
+cudaError_t __real_cudaHostAlloc(void **p, size_t n, unsigned int flags);
+cudaError_t __real_cudaMallocHost(void **p, size_t n);
+cudaError_t __real_cudaFreeHost(void *p);
+cudaError_t __real_cudaMallocManaged(void **p, size_t n, unsigned int flags);
+cudaError_t __real_cudaMallocAsync(void **p, size_t n, cudaStream_t s);
+cudaError_t __real_cudaFreeAsync(void *p, cudaStream_t s);
+cudaError_t __real_cudaDeviceSynchronize(void);
+cudaError_t __real_cudaStreamSynchronize(cudaStream_t s);
+cudaError_t __real_cudaEventSynchronize(cudaEvent_t e);
+cudaError_t __real_cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind k);
+cudaError_t __real_cudaMemset(void *d, int v, size_t n);
+
+cudaError_t __wrap_cudaMalloc(void **p, size_t n) {
+  fattn_calls.device_alloc++;
+  return fault_now(FATTN_FAULT_DEVICE) ? cudaErrorMemoryAllocation : __real_cudaMalloc(p, n);
+}
+cudaError_t __wrap_cudaFree(void *p) {
+  if (p) fattn_calls.free++;
+  return __real_cudaFree(p);
+}
+cudaError_t __wrap_cudaHostAlloc(void **p, size_t n, unsigned int flags) {
+  fattn_calls.host_alloc++;
+  return fault_now(FATTN_FAULT_PINNED) ? cudaErrorMemoryAllocation : __real_cudaHostAlloc(p, n, flags);
+}
+cudaError_t __wrap_cudaMallocHost(void **p, size_t n) {
+  fattn_calls.host_alloc++;
+  return fault_now(FATTN_FAULT_PINNED) ? cudaErrorMemoryAllocation : __real_cudaMallocHost(p, n);
+}
+cudaError_t __wrap_cudaFreeHost(void *p) {
+  if (p) fattn_calls.free++;
+  return __real_cudaFreeHost(p);
+}
+cudaError_t __wrap_cudaMallocManaged(void **p, size_t n, unsigned int flags) {
+  fattn_calls.device_alloc++;
+  return __real_cudaMallocManaged(p, n, flags);
+}
+cudaError_t __wrap_cudaMallocAsync(void **p, size_t n, cudaStream_t s) {
+  fattn_calls.device_alloc++;
+  return __real_cudaMallocAsync(p, n, s);
+}
+cudaError_t __wrap_cudaFreeAsync(void *p, cudaStream_t s) {
+  fattn_calls.free++;
+  return __real_cudaFreeAsync(p, s);
+}
+cudaError_t __wrap_cudaDeviceSynchronize(void) {
+  fattn_calls.sync++;
+  return __real_cudaDeviceSynchronize();
+}
+cudaError_t __wrap_cudaStreamSynchronize(cudaStream_t s) {
+  fattn_calls.sync++;
+  return __real_cudaStreamSynchronize(s);
+}
+cudaError_t __wrap_cudaEventSynchronize(cudaEvent_t e) {
+  fattn_calls.sync++;
+  return __real_cudaEventSynchronize(e);
+}
+cudaError_t __wrap_cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind k) {
+  fattn_calls.sync++;
+  return __real_cudaMemcpy(d, s, n, k);
+}
+cudaError_t __wrap_cudaMemset(void *d, int v, size_t n) {
+  fattn_calls.sync++;
+  return __real_cudaMemset(d, v, n);
+}

@@ -1,0 +1,36 @@
+/* support.h: helpers every test binary links (tests/support.c): call counters for the
+ * hot-path contract and fault injection for create's allocations. */
+#ifndef FATTN_TESTS_SUPPORT_H
+#define FATTN_TESTS_SUPPORT_H
+
+#include <string.h>
+
+#include "tests/harness.h"
+
+typedef struct fattn_call_counts {
+  long malloc;       /* malloc, calloc, realloc, posix_memalign, aligned_alloc */
+  long free;         /* free, cudaFree, cudaFreeHost, cudaFreeAsync */
+  long device_alloc; /* cudaMalloc, cudaMallocManaged, cudaMallocAsync */
+  long host_alloc;   /* cudaHostAlloc, cudaMallocHost */
+  long sync;         /* cudaDeviceSynchronize, cudaStreamSynchronize, cudaEventSynchronize,
+                        cudaMemcpy, cudaMemset */
+} fattn_call_counts;
+
+/* Counts since the last fattn_calls_reset (calls made from fattn and the tests only). */
+extern fattn_call_counts fattn_calls;
+void fattn_calls_reset(void);
+long fattn_calls_forbidden(void); /* every counter added up */
+
+typedef enum fattn_fault_kind {
+  FATTN_FAULT_HOST = 0, /* malloc family */
+  FATTN_FAULT_PINNED,   /* cudaHostAlloc, cudaMallocHost */
+  FATTN_FAULT_DEVICE,   /* cudaMalloc */
+  FATTN_FAULT_KINDS
+} fattn_fault_kind;
+
+/* Fail the nth call (1-based) of kind from now on; nth 0 disarms. Resets every count. */
+void fattn_fault_arm(fattn_fault_kind kind, long nth);
+/* Calls of kind since the last arm. */
+long fattn_fault_seen(fattn_fault_kind kind);
+
+#endif /* FATTN_TESTS_SUPPORT_H */
