@@ -55,6 +55,7 @@ LINK_TEST = $(CC) $(CFLAGS) -o $@ $^ $(WRAP_FLAGS) $(STATIC_DEPS) $(CUDA_LIBS) $
 
 .PHONY: all deps run test cpu-test gpu-test gpu-sanitize asan fuzz fuzz-replay bench clean
 .DEFAULT_GOAL := all
+.SECONDARY:
 
 all: deps $(BUILD)/libfattn.a $(CPU_TESTS) $(GPU_TESTS) $(BUILD)/fattn-bench
 

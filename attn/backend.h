@@ -38,12 +38,6 @@ int fattn__fa2_store_kv(fattn__layer_params l, fattn__step_params s, const void 
 int fattn__fa2_attend(fattn__layer_params l, fattn__step_params s, const void *q, void *out,
                       float *lse, void *stream);
 
-/* ---- attn/prep.cu: the planner's device side. Applies page-table updates and copies of a
- * staged slot, then runs fattn__prep on the step header and entries (one small kernel).
- * slot: device copy of the staged bytes; layout in attn/plan.h. */
-int fattn__prep_launch(void *slot_dev, fattn__step_hdr *hdr_dev, fattn__entry *entries_dev,
-                       int32_t *page_table, uint32_t pages_per_seq, void *stream);
-
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,171 @@
+/* layout.c: the memory plan. A pure function of config and model that places every region
+ * of the device allocation and the pinned slab, with overflow-checked size arithmetic. */
+#include <string.h>
+
+#include "lib/internal.h"
+
+#define OVERFLOW(what) \
+  fattn__failbuf(detail, detail_len, FATTN_ERR_OVERFLOW, "%s: size arithmetic overflows 64 bits", what)
+
+/* a * b * c * d, or 0 with *ok cleared on overflow. */
+static uint64_t mul4(uint64_t a, uint64_t b, uint64_t c, uint64_t d, int *ok) {
+  uint64_t r;
+  if (__builtin_mul_overflow(a, b, &r) || __builtin_mul_overflow(r, c, &r) ||
+      __builtin_mul_overflow(r, d, &r)) {
+    *ok = 0;
+    return 0;
+  }
+  return r;
+}
+
+static uint64_t add(uint64_t a, uint64_t b, int *ok) {
+  uint64_t r;
+  if (__builtin_add_overflow(a, b, &r)) *ok = 0;
+  return r;
+}
+
+/* Bytes of one staged slot and its sub-offsets. */
+static uint64_t slot_layout(const fattn__norm *n, fattn__layout *lay) {
+  /* The first part is an area of max_entries entries (attn/plan.h), so prep derives in place. */
+  uint64_t o = fattn__align_up(sizeof(fattn__step_hdr), 16);
+  lay->slot_off_entries = o;
+  o = fattn__align_up(o + (uint64_t)n->max_entries * sizeof(fattn__entry), 16);
+  lay->slot_off_mask = o;
+  o = fattn__align_up(o + (uint64_t)n->max_mask_rows * sizeof(uint64_t), 16);
+  lay->slot_off_updates = o;
+  o = fattn__align_up(o + (uint64_t)lay->cap_updates * sizeof(fattn__pt_update), 16);
+  lay->slot_off_copies = o;
+  o = fattn__align_up(o + (uint64_t)lay->cap_copies * sizeof(fattn__page_copy), 16);
+  lay->slot_off_words = o;
+  o = fattn__align_up(o + (uint64_t)lay->cap_words * sizeof(uint32_t), FATTN__ALIGN);
+  return o;
+}
+
+/* Static metadata one captured graph of this mode needs per bucket of b requests. */
+static uint64_t graph_area(const fattn__norm *n, fattn_mode mode, uint32_t b) {
+  uint32_t per = mode == FATTN_MODE_DRAFT_DECODE ? n->cfg.spec_topk : 1;
+  uint32_t rows = (mode == FATTN_MODE_TARGET_VERIFY && n->cfg.spec_topk > 1) ? n->cfg.spec_draft_tokens : 0;
+  uint64_t bytes = fattn__align_up(sizeof(fattn__step_hdr), 16) +
+                   fattn__align_up((uint64_t)b * per * sizeof(fattn__entry), 16) +
+                   (uint64_t)b * rows * sizeof(uint64_t);
+  return fattn__align_up(bytes, FATTN__ALIGN);
+}
+
+/* Host tables served by the heap: count and payload, for its size. */
+static void heap_tables(const fattn__norm *n, const fattn__layout *lay, uint64_t *bytes,
+                        uint32_t *count) {
+  const uint64_t np = lay->num_pages, ms = n->max_seqs;
+  const uint64_t parts[] = {
+      np * 4,                                   /* free stack */
+      np * 4,                                   /* refcounts */
+      np * 4,                                   /* check scratch */
+      ms * lay->pages_per_seq * 4,              /* page-table mirror */
+      ms * sizeof(fattn__seq),                  /* sequences */
+      ms * 4,                                   /* closed ids */
+      ms * 4,                                   /* dirty rows */
+      (uint64_t)lay->cap_copies * sizeof(fattn__page_copy),
+      (uint64_t)n->model.num_layers * sizeof(fattn_layer_opts),
+      (uint64_t)n->staging_slots * sizeof(void *),
+  };
+  *bytes = 0;
+  for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) *bytes += parts[i];
+  *count = (uint32_t)(sizeof parts / sizeof parts[0]);
+}
+
+fattn_status fattn__layout_compute(const fattn__norm *n, fattn__layout *lay,
+                                   fattn_memory_report *r, char *detail, size_t detail_len) {
+  const fattn_config *c = &n->cfg;
+  const fattn_model *m = &n->model;
+  int ok = 1;
+  memset(lay, 0, sizeof *lay);
+  uint64_t rsize = r->struct_size;
+  memset(r, 0, sizeof *r);
+  r->struct_size = (uint32_t)rsize;
+
+  const int mla = m->mla_latent_dim != 0;
+  uint64_t k_row = (uint64_t)m->num_kv_heads * m->head_dim * n->kv_elem_bytes;
+  uint64_t v_row = mla ? 0 : (uint64_t)m->num_kv_heads * n->head_dim_v * n->kv_elem_bytes;
+  uint64_t page_bytes = mul4(m->num_layers, c->page_size, k_row + v_row, 1, &ok);
+  if (!ok) return OVERFLOW("page bytes");
+  uint64_t pages = c->kv_budget_pages ? c->kv_budget_pages : c->kv_budget_bytes / page_bytes;
+  uint64_t pps = ((uint64_t)c->max_seq_len + c->page_size - 1) / c->page_size;
+  if (pages < pps)
+    return fattn__failbuf(detail, detail_len, FATTN_ERR_INVALID,
+                          "KV budget of %llu pages (%llu bytes, %llu bytes a page): smaller than one "
+                          "max_seq_len %u sequence (%llu pages)",
+                          (unsigned long long)pages, (unsigned long long)c->kv_budget_bytes,
+                          (unsigned long long)page_bytes, c->max_seq_len, (unsigned long long)pps);
+  if (pages >= FATTN__PAGE_NONE)
+    return fattn__failbuf(detail, detail_len, FATTN_ERR_OVERFLOW,
+                          "KV budget of %llu pages: page ids are 32-bit", (unsigned long long)pages);
+  lay->num_pages = (uint32_t)pages;
+  lay->pages_per_seq = (uint32_t)pps;
+  lay->split_rows_cap = n->max_splits * FATTN__SPLIT_ROWS_PER_SPLIT;
+  lay->cap_updates = n->max_seqs;
+  lay->cap_copies = n->max_seqs;
+  uint64_t words = pps * 2 > (uint64_t)n->max_seqs * 2 ? pps * 2 : (uint64_t)n->max_seqs * 2;
+  lay->cap_words = (uint32_t)(words > 4096 ? words : 4096);
+  lay->slot_bytes = slot_layout(n, lay);
+
+  lay->k_layer_bytes = fattn__align_up(mul4(pages, c->page_size, k_row, 1, &ok), FATTN__ALIGN);
+  lay->v_layer_bytes = fattn__align_up(mul4(pages, c->page_size, v_row, 1, &ok), FATTN__ALIGN);
+  uint64_t *rb = r->region_bytes;
+  rb[FATTN_REGION_K_POOL] = mul4(lay->k_layer_bytes, m->num_layers, 1, 1, &ok);
+  rb[FATTN_REGION_V_POOL] = mul4(lay->v_layer_bytes, m->num_layers, 1, 1, &ok);
+  rb[FATTN_REGION_PAGE_TABLE] = fattn__align_up(mul4(n->max_seqs, pps, 4, 1, &ok), FATTN__ALIGN);
+  rb[FATTN_REGION_METADATA] = lay->slot_bytes;
+  rb[FATTN_REGION_SPLIT_WORKSPACE] = fattn__align_up(
+      mul4(lay->split_rows_cap, m->num_q_heads, (uint64_t)n->head_dim_v + 1, 4, &ok), FATTN__ALIGN);
+  for (uint32_t mode = 1; mode <= FATTN_MODE_COUNT; mode++) {
+    if (!(c->graph_modes & (1u << mode))) continue;
+    uint64_t per = graph_area(n, (fattn_mode)mode, c->max_batch);
+    lay->graph_area_bytes[mode] = per;
+    uint64_t sum = 0;
+    for (uint32_t b = 0; b < n->num_buckets; b++) sum += graph_area(n, (fattn_mode)mode, n->buckets[b]);
+    r->graph_bytes_per_mode[mode] = sum;
+    rb[FATTN_REGION_GRAPH_STATIC] += sum;
+  }
+  rb[FATTN_REGION_MODEL] = fattn__align_up((uint64_t)m->num_layers * m->num_q_heads * 4, FATTN__ALIGN);
+  if (!ok) return OVERFLOW("device regions");
+
+  uint64_t off = 0;
+  for (int i = 0; i < FATTN_REGION_PINNED_STAGING; i++) {
+    lay->dev_off[i] = off;
+    off = add(off, rb[i], &ok);
+  }
+  r->device_bytes = off;
+
+  uint64_t heap_payload;
+  uint32_t heap_count;
+  heap_tables(n, lay, &heap_payload, &heap_count);
+  lay->pin_off_ring = fattn__align_up(sizeof(fattn_ctx), 4096);
+  lay->pin_off_heap = fattn__align_up(
+      add(lay->pin_off_ring, mul4(n->staging_slots, lay->slot_bytes, 1, 1, &ok), &ok), 4096);
+  lay->heap_bytes = fattn__heap_overhead(heap_payload, heap_count);
+  rb[FATTN_REGION_PINNED_STAGING] = add(lay->pin_off_heap, lay->heap_bytes, &ok);
+  r->pinned_bytes = rb[FATTN_REGION_PINNED_STAGING];
+  if (!ok) return OVERFLOW("pinned slab");
+  r->num_pages = lay->num_pages;
+  r->pages_per_seq = lay->pages_per_seq;
+  r->page_bytes = page_bytes;
+  return FATTN_OK;
+}
+
+fattn_status fattn_memory_plan(const fattn_config *cfg, const fattn_model *model,
+                               fattn_memory_report *report, char *detail, size_t detail_len) {
+  if (detail && detail_len) detail[0] = '\0';
+  if (!report)
+    return fattn__failbuf(detail, detail_len, FATTN_ERR_INVALID, "report must not be NULL");
+  if (report->struct_size < sizeof(fattn_memory_report))
+    return fattn__failbuf(detail, detail_len, FATTN_ERR_INVALID,
+                          "report struct_size %u: smaller than %zu (use FATTN_MEMORY_REPORT_INIT)",
+                          report->struct_size, sizeof(fattn_memory_report));
+  fattn__norm n;
+  fattn__layout lay;
+  fattn_status st = fattn__normalize(cfg, model, &n, detail, detail_len);
+  if (st) return st;
+  fattn_memory_report r = *report;
+  st = fattn__layout_compute(&n, &lay, &r, detail, detail_len);
+  if (st == FATTN_OK) *report = r;
+  return st;
+}

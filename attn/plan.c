@@ -1,0 +1,280 @@
+/* plan.c: fattn_plan. Validates a batch against the context (no state touched on error),
+ * stages entries and page-table changes in the pinned ring, one async copy, one prep kernel. */
+#include <cuda_runtime_api.h>
+#include <string.h>
+
+#include "attn/plan.h"
+
+/* What validation learned, so that staging needs no second pass of checks. */
+typedef struct plan_info {
+  uint32_t entries;
+  uint32_t q_tokens;
+  uint32_t new_tokens;
+  uint32_t tiles;
+  uint32_t mask_rows;
+} plan_info;
+
+static int spec_mode(fattn_mode m) {
+  return m == FATTN_MODE_TARGET_VERIFY || m == FATTN_MODE_DRAFT_DECODE || m == FATTN_MODE_DRAFT_EXTEND;
+}
+
+static fattn_status check_entry(fattn_ctx *ctx, const fattn_batch *b, uint32_t i, uint32_t *q,
+                                uint32_t *kv, uint32_t *nw) {
+  const fattn_config *c = &ctx->n.cfg;
+  fattn__pages *p = &ctx->pages;
+  uint32_t seq = b->seq_ids[i];
+  if (seq >= p->max_seqs || !p->seqs[seq].open)
+    return fattn__fail(ctx, FATTN_ERR_NOT_FOUND, "batch entry %u: sequence %u is not open", i, seq);
+  if (p->seqs[seq].stamp == ctx->plan_stamp)
+    return fattn__fail(ctx, FATTN_ERR_INVALID, "batch entry %u: sequence %u appears twice", i, seq);
+  uint32_t len = p->seqs[seq].len;
+  *q = b->q_lens ? b->q_lens[i] : (b->mode == FATTN_MODE_TARGET_VERIFY ? c->spec_draft_tokens : 1u);
+  *kv = b->kv_lens ? b->kv_lens[i] : len;
+  *nw = b->mode == FATTN_MODE_CROSS ? (b->kv_new_lens ? b->kv_new_lens[i] : 0u) : *q;
+  switch (b->mode) {
+    case FATTN_MODE_DECODE:
+    case FATTN_MODE_DRAFT_DECODE:
+      if (*q != 1) return fattn__fail(ctx, FATTN_ERR_INVALID, "batch entry %u: q_len %u, decode takes 1", i, *q);
+      break;
+    case FATTN_MODE_TARGET_VERIFY:
+      if (*q != c->spec_draft_tokens)
+        return fattn__fail(ctx, FATTN_ERR_INVALID, "batch entry %u: q_len %u, verify takes spec_draft_tokens %u",
+                           i, *q, c->spec_draft_tokens);
+      break;
+    case FATTN_MODE_DRAFT_EXTEND:
+      if (*q == 0 || *q > c->spec_draft_tokens + 1)
+        return fattn__fail(ctx, FATTN_ERR_INVALID, "batch entry %u: q_len %u, draft extend takes 1..%u", i,
+                           *q, c->spec_draft_tokens + 1);
+      break;
+    default:
+      if (*q == 0) return fattn__fail(ctx, FATTN_ERR_INVALID, "batch entry %u: q_len 0", i);
+  }
+  if (b->mode == FATTN_MODE_CROSS) {
+    if (*kv > c->max_encoder_len)
+      return fattn__fail(ctx, FATTN_ERR_INVALID, "batch entry %u: encoder length %u over max_encoder_len %u", i,
+                         *kv, c->max_encoder_len);
+    if (*nw > *kv)
+      return fattn__fail(ctx, FATTN_ERR_INVALID, "batch entry %u: kv_new_len %u over encoder length %u", i, *nw, *kv);
+  } else if (*kv < *q) {
+    return fattn__fail(ctx, FATTN_ERR_INVALID, "batch entry %u: kv_len %u < q_len %u", i, *kv, *q);
+  }
+  if (*kv > c->max_seq_len)
+    return fattn__fail(ctx, FATTN_ERR_INVALID, "batch entry %u: kv_len %u over max_seq_len %u", i, *kv, c->max_seq_len);
+  if (*kv > len)
+    return fattn__fail(ctx, FATTN_ERR_INVALID, "batch entry %u: kv_len %u over sequence %u's %u reserved slots", i,
+                       *kv, seq, len);
+  if (!p->caller_owned && *nw) { /* a write into a shared page would change the other sequences too */
+    const uint32_t *row = p->table + (size_t)seq * p->pages_per_seq;
+    for (uint32_t pg = (*kv - *nw) / p->page_size; pg <= (*kv - 1) / p->page_size; pg++)
+      if (p->refcount[row[pg]] > 1)
+        return fattn__fail(ctx, FATTN_ERR_INVALID,
+                           "batch entry %u: new slots of sequence %u lie in page %u, shared with a fork", i, seq,
+                           row[pg]);
+  }
+  return FATTN_OK;
+}
+
+static fattn_status check_mask(fattn_ctx *ctx, const fattn_batch *b, uint32_t *rows) {
+  uint32_t nd = ctx->n.cfg.spec_draft_tokens;
+  *rows = 0;
+  if (!b->tree_mask) return FATTN_OK;
+  if (b->mode != FATTN_MODE_TARGET_VERIFY || ctx->n.cfg.spec_topk < 2)
+    return fattn__fail(ctx, FATTN_ERR_INVALID, "tree_mask: only TARGET_VERIFY with spec_topk > 1 takes one");
+  uint64_t beyond = nd == 64 ? 0 : ~((1ull << nd) - 1);
+  for (uint32_t r = 0; r < b->num_seqs * nd; r++) {
+    uint64_t row = b->tree_mask[r];
+    if (!(row >> (r % nd) & 1u))
+      return fattn__fail(ctx, FATTN_ERR_INVALID, "tree_mask row %u (entry %u, draft %u): does not see itself", r,
+                         r / nd, r % nd);
+    if (row & beyond)
+      return fattn__fail(ctx, FATTN_ERR_INVALID, "tree_mask row %u: bits past spec_draft_tokens %u", r, nd);
+  }
+  *rows = b->num_seqs * nd;
+  return FATTN_OK;
+}
+
+static fattn_status validate(fattn_ctx *ctx, const fattn_batch *b, uint32_t cap_entries, plan_info *info) {
+  const fattn_config *c = &ctx->n.cfg;
+  if (!b) return fattn__fail(ctx, FATTN_ERR_INVALID, "batch must not be NULL");
+  if (b->struct_size < sizeof(fattn_batch))
+    return fattn__fail(ctx, FATTN_ERR_INVALID, "batch struct_size %u: smaller than %zu (use FATTN_BATCH_INIT)",
+                       b->struct_size, sizeof(fattn_batch));
+  if (b->mode < FATTN_MODE_PREFILL || b->mode > FATTN_MODE_COUNT)
+    return fattn__fail(ctx, FATTN_ERR_INVALID, "mode %d: unknown", b->mode);
+  if (spec_mode(b->mode) && !c->spec_topk)
+    return fattn__fail(ctx, FATTN_ERR_INVALID, "mode %d: speculative modes need spec_topk >= 1 at create", b->mode);
+  if (b->mode == FATTN_MODE_CROSS && !c->max_encoder_len)
+    return fattn__fail(ctx, FATTN_ERR_INVALID, "mode CROSS: needs max_encoder_len > 0 at create");
+  if (b->num_seqs == 0 || b->num_seqs > c->max_batch)
+    return fattn__fail(ctx, FATTN_ERR_INVALID, "num_seqs %u: must be in 1..max_batch %u", b->num_seqs, c->max_batch);
+  if (!b->seq_ids) return fattn__fail(ctx, FATTN_ERR_INVALID, "seq_ids must not be NULL");
+  if (b->kv_new_lens && b->mode != FATTN_MODE_CROSS)
+    return fattn__fail(ctx, FATTN_ERR_INVALID, "kv_new_lens: only CROSS takes it (new slots are the last q_len)");
+  uint32_t n = b->num_seqs * (b->mode == FATTN_MODE_DRAFT_DECODE ? c->spec_topk : 1u);
+  if (n > cap_entries)
+    return fattn__fail(ctx, FATTN_ERR_INVALID, "%u entries: over the %u this plan target holds", n, cap_entries);
+  memset(info, 0, sizeof *info);
+  fattn_status st = check_mask(ctx, b, &info->mask_rows);
+  if (st) return st;
+  info->entries = n;
+  ctx->plan_stamp++;
+  uint64_t q_tokens = 0, new_tokens = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    uint32_t q = 0, kv = 0, nw = 0;
+    if ((st = check_entry(ctx, b, i, &q, &kv, &nw))) break;
+    ctx->pages.seqs[b->seq_ids[i]].stamp = ctx->plan_stamp;
+    q_tokens += q;
+    new_tokens += nw;
+    info->tiles += fattn__ceil_div(q, FATTN__Q_TILE);
+  }
+  if (st) return st;
+  if (q_tokens > c->max_q_tokens)
+    return fattn__fail(ctx, FATTN_ERR_INVALID, "%llu query tokens: over max_q_tokens %u",
+                       (unsigned long long)q_tokens, c->max_q_tokens);
+  if (new_tokens > UINT32_MAX / 2)
+    return fattn__fail(ctx, FATTN_ERR_INVALID, "%llu new KV tokens: too many", (unsigned long long)new_tokens);
+  info->q_tokens = (uint32_t)q_tokens;
+  info->new_tokens = (uint32_t)new_tokens;
+  return FATTN_OK;
+}
+
+/* A free staging slot; when the GPU is a whole ring behind, waiting is back-pressure. */
+static fattn_status take_slot(fattn_ctx *ctx, uint8_t **slot, uint32_t *index) {
+  uint32_t i = ctx->ring_next;
+  ctx->ring_next = (i + 1) % ctx->n.staging_slots;
+  if (!ctx->n.on_cpu) {
+    cudaEvent_t ev = (cudaEvent_t)ctx->events[i];
+    cudaError_t e = cudaEventQuery(ev);
+    if (e == cudaErrorNotReady) {
+      ctx->staging_waits++;
+      e = cudaEventSynchronize(ev);
+    }
+    if (e != cudaSuccess)
+      return fattn__fail(ctx, FATTN_ERR_CUDA, "staging slot %u: %s", i, cudaGetErrorString(e));
+  }
+  *slot = ctx->ring + (uint64_t)i * ctx->lay.slot_bytes;
+  *index = i;
+  return FATTN_OK;
+}
+
+/* Moves dirty page-table ranges and pending copies into a slot, as many as fit. */
+static void stage_changes(fattn_ctx *ctx, uint8_t *slot, fattn__step_hdr *h) {
+  fattn__pages *p = &ctx->pages;
+  fattn__pt_update *up = (fattn__pt_update *)(slot + ctx->lay.slot_off_updates);
+  uint32_t *words = (uint32_t *)(slot + ctx->lay.slot_off_words);
+  uint32_t nu = 0, nw = 0, left = p->num_dirty;
+  while (left && nu < ctx->lay.cap_updates && nw < ctx->lay.cap_words) {
+    uint32_t row = p->dirty[left - 1];
+    fattn__seq *s = &p->seqs[row];
+    uint32_t count = s->dirty_hi - s->dirty_lo;
+    if (count > ctx->lay.cap_words - nw) count = ctx->lay.cap_words - nw;
+    up[nu++] = (fattn__pt_update){row, s->dirty_lo, count, nw};
+    memcpy(words + nw, p->table + (size_t)row * p->pages_per_seq + s->dirty_lo, (size_t)count * 4);
+    nw += count;
+    s->dirty_lo += count;
+    if (s->dirty_lo == s->dirty_hi) {
+      s->listed = 0;
+      left--;
+    }
+  }
+  p->num_dirty = left;
+  h->num_pt_updates = nu;
+  memcpy(slot + ctx->lay.slot_off_copies, p->copies, (size_t)p->num_copies * sizeof(fattn__page_copy));
+  h->num_page_copies = p->num_copies;
+  p->num_copies = 0;
+}
+
+static fattn_status submit(fattn_ctx *ctx, uint8_t *slot, uint32_t index, const fattn__plan_target *t,
+                           void *stream) {
+  uint8_t *inbox = ctx->dev + ctx->lay.dev_off[FATTN_REGION_METADATA];
+  const fattn__step_hdr *h = (const fattn__step_hdr *)slot;
+  if (ctx->n.on_cpu) {
+    memcpy(inbox, slot, ctx->lay.slot_bytes);
+    fattn__prep_host(ctx, inbox, t);
+    return FATTN_OK;
+  }
+  /* Only the used prefix of the slot travels: header, entries, masks, then the change lists. */
+  uint64_t bytes = ctx->lay.slot_off_updates;
+  if (h->num_pt_updates) {
+    const fattn__pt_update *last = (const fattn__pt_update *)(slot + ctx->lay.slot_off_updates) + h->num_pt_updates - 1;
+    bytes = ctx->lay.slot_off_words + ((uint64_t)last->payload + last->count) * 4;
+  } else if (h->num_page_copies) {
+    bytes = ctx->lay.slot_off_words;
+  }
+  cudaStream_t s = (cudaStream_t)stream;
+  cudaError_t e = cudaMemcpyAsync(inbox, slot, bytes, cudaMemcpyHostToDevice, s);
+  if (e == cudaSuccess) e = cudaEventRecord((cudaEvent_t)ctx->events[index], s);
+  if (e == cudaSuccess) e = (cudaError_t)fattn__prep_launch(ctx, inbox, t, h->num_page_copies, stream);
+  if (e != cudaSuccess) return fattn__fail(ctx, FATTN_ERR_CUDA, "staging copy or prep kernel: %s", cudaGetErrorString(e));
+  return FATTN_OK;
+}
+
+static void fill_header(fattn_ctx *ctx, fattn__step_hdr *h, fattn_mode mode, uint32_t entries) {
+  memset(h, 0, sizeof *h);
+  h->mode = (uint32_t)mode;
+  h->num_entries = entries;
+  h->max_splits = ctx->n.max_splits;
+  h->split_rows_cap = ctx->lay.split_rows_cap;
+  h->target_ctas = 2u * ctx->num_sms;
+  h->num_kv_heads = ctx->n.model.num_kv_heads;
+  h->causal = mode != FATTN_MODE_CROSS;
+}
+
+fattn_status fattn__plan_into(fattn_ctx *ctx, const fattn_batch *b, void *stream,
+                              const fattn__plan_target *t) {
+  if (!ctx) return FATTN_ERR_INVALID;
+  plan_info info;
+  uint32_t cap = t->cap_entries ? t->cap_entries : ctx->n.max_entries;
+  fattn_status st = validate(ctx, b, cap, &info);
+  if (st) return st;
+  uint8_t *slot = NULL;
+  uint32_t index = 0;
+  ctx->step.planned = 0;
+  /* Changes beyond one slot's room go first, in slots that carry no entries. */
+  while (1) {
+    if ((st = take_slot(ctx, &slot, &index))) return st;
+    fattn__step_hdr *h = (fattn__step_hdr *)slot;
+    fill_header(ctx, h, b->mode, 0);
+    stage_changes(ctx, slot, h);
+    if (ctx->pages.num_dirty == 0) break;
+    const fattn__plan_target inplace = {NULL, 0, 0};
+    if ((st = submit(ctx, slot, index, &inplace, stream))) return st;
+  }
+  fattn__step_hdr *h = (fattn__step_hdr *)slot;
+  h->num_entries = info.entries;
+  h->num_mask_rows = info.mask_rows;
+  fattn__entry *e = (fattn__entry *)(slot + ctx->lay.slot_off_entries);
+  const uint32_t nd = ctx->n.cfg.spec_draft_tokens;
+  for (uint32_t i = 0; i < info.entries; i++) {
+    uint32_t seq = b->seq_ids[i];
+    uint32_t q = b->q_lens ? b->q_lens[i] : (b->mode == FATTN_MODE_TARGET_VERIFY ? nd : 1u);
+    uint32_t kv = b->kv_lens ? b->kv_lens[i] : ctx->pages.seqs[seq].len;
+    memset(&e[i], 0, sizeof e[i]);
+    e[i].seq = seq;
+    e[i].q_len = q;
+    e[i].kv_len = kv;
+    e[i].new_len = b->mode == FATTN_MODE_CROSS ? (b->kv_new_lens ? b->kv_new_lens[i] : 0u) : q;
+    e[i].mask_row = info.mask_rows ? i * nd : UINT32_MAX;
+  }
+  if (info.mask_rows) memcpy(slot + ctx->lay.slot_off_mask, b->tree_mask, (size_t)info.mask_rows * 8);
+  if ((st = submit(ctx, slot, index, t, stream))) return st;
+  /* The inbox starts as an area of max_entries entries; prep derives in place there. */
+  uint8_t *area = t->dst ? t->dst : ctx->dev + ctx->lay.dev_off[FATTN_REGION_METADATA];
+  uint32_t area_cap = t->dst ? t->cap_entries : ctx->n.max_entries;
+  ctx->step = (fattn__step){1,
+                            (uint32_t)b->mode,
+                            info.entries,
+                            info.q_tokens,
+                            info.new_tokens,
+                            info.tiles,
+                            (fattn__step_hdr *)area,
+                            (fattn__entry *)(area + fattn__area_entries_off()),
+                            (uint64_t *)(area + fattn__area_mask_off(area_cap))};
+  ctx->steps_planned++;
+  return FATTN_OK;
+}
+
+fattn_status fattn_plan(fattn_ctx *ctx, const fattn_batch *batch, void *stream) {
+  const fattn__plan_target eager = {NULL, 0, 0};
+  return fattn__plan_into(ctx, batch, stream, &eager);
+}

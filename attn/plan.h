@@ -1,0 +1,33 @@
+/* plan.h: the planner's internal face for graph/ (plan into a bucket's static metadata).
+ * fattn_plan itself is public; this adds where the derived metadata lands. */
+#ifndef FATTN_ATTN_PLAN_H
+#define FATTN_ATTN_PLAN_H
+
+#include "lib/internal.h"
+
+/* Where prep writes the step's header, entries and mask rows: the eager inbox (dst NULL)
+ * or a graph bucket's static area of at most cap_entries entries. */
+typedef struct fattn__plan_target {
+  uint8_t *dst;          /* device area laid out as [hdr][entries][mask rows], or NULL */
+  uint32_t cap_entries;  /* entries the area holds (0: the eager inbox's max) */
+  uint32_t cap_mask_rows;
+} fattn__plan_target;
+
+/* Offsets inside a [hdr][entries][mask] area of cap_entries entries. */
+static inline uint64_t fattn__area_entries_off(void) {
+  return fattn__align_up(sizeof(fattn__step_hdr), 16);
+}
+static inline uint64_t fattn__area_mask_off(uint32_t cap_entries) {
+  return fattn__align_up(fattn__area_entries_off() + (uint64_t)cap_entries * sizeof(fattn__entry), 16);
+}
+
+fattn_status fattn__plan_into(fattn_ctx *ctx, const fattn_batch *batch, void *stream,
+                              const fattn__plan_target *target);
+
+/* attn/prep.cu: applies the staged updates and copies, then derives the metadata. */
+int fattn__prep_launch(fattn_ctx *ctx, uint8_t *inbox, const fattn__plan_target *target,
+                       uint32_t num_copies, void *stream);
+/* The same work on the host, for the CPU backend. */
+void fattn__prep_host(fattn_ctx *ctx, uint8_t *inbox, const fattn__plan_target *target);
+
+#endif /* FATTN_ATTN_PLAN_H */

@@ -1,0 +1,39 @@
+/* prep.c: the planner's device-side work done on the host for the CPU backend: apply the
+ * staged page-table updates and copy-on-write copies, then derive the step metadata. */
+#include <string.h>
+
+#include "attn/plan.h"
+
+/* One page of one pool: [page_size, kv_heads, d] elements. */
+static void copy_pages(fattn_ctx *ctx, const fattn__page_copy *c, uint32_t n) {
+  const fattn__norm *nm = &ctx->n;
+  uint64_t k_page = (uint64_t)nm->cfg.page_size * nm->model.num_kv_heads * nm->model.head_dim * nm->kv_elem_bytes;
+  uint64_t v_page = nm->model.mla_latent_dim ? 0
+                    : (uint64_t)nm->cfg.page_size * nm->model.num_kv_heads * nm->head_dim_v * nm->kv_elem_bytes;
+  for (uint32_t l = 0; l < nm->model.num_layers; l++) {
+    uint8_t *k = ctx->dev + ctx->lay.dev_off[FATTN_REGION_K_POOL] + l * ctx->lay.k_layer_bytes;
+    uint8_t *v = ctx->dev + ctx->lay.dev_off[FATTN_REGION_V_POOL] + l * ctx->lay.v_layer_bytes;
+    for (uint32_t i = 0; i < n; i++) {
+      memcpy(k + c[i].dst * k_page, k + c[i].src * k_page, k_page);
+      if (v_page) memcpy(v + c[i].dst * v_page, v + c[i].src * v_page, v_page);
+    }
+  }
+}
+
+void fattn__prep_host(fattn_ctx *ctx, uint8_t *inbox, const fattn__plan_target *t) {
+  fattn__step_hdr *h = (fattn__step_hdr *)inbox;
+  const fattn__pt_update *up = (const fattn__pt_update *)(inbox + ctx->lay.slot_off_updates);
+  const uint32_t *words = (const uint32_t *)(inbox + ctx->lay.slot_off_words);
+  uint32_t *table = (uint32_t *)(ctx->dev + ctx->lay.dev_off[FATTN_REGION_PAGE_TABLE]);
+  for (uint32_t i = 0; i < h->num_pt_updates; i++)
+    memcpy(table + (size_t)up[i].row * ctx->lay.pages_per_seq + up[i].index, words + up[i].payload,
+           (size_t)up[i].count * 4);
+  copy_pages(ctx, (const fattn__page_copy *)(inbox + ctx->lay.slot_off_copies), h->num_page_copies);
+  fattn__entry *e = (fattn__entry *)(inbox + fattn__area_entries_off());
+  fattn__prep(h, e);
+  if (!t->dst) return;
+  memcpy(t->dst, h, sizeof *h);
+  memcpy(t->dst + fattn__area_entries_off(), e, (size_t)h->num_entries * sizeof *e);
+  memcpy(t->dst + fattn__area_mask_off(t->cap_entries), inbox + ctx->lay.slot_off_mask,
+         (size_t)h->num_mask_rows * 8);
+}

@@ -1,0 +1,233 @@
+/* context.c: create and destroy. One device allocation and one pinned slab, carved by the
+ * layout; backend choice per mode; every failure releases what was taken, in order. */
+#include <cuda_runtime_api.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn/backend.h"
+#include "lib/internal.h"
+
+#define FAIL(st, ...) fattn__failbuf(detail, detail_len, (st), __VA_ARGS__)
+
+static int is_prefill_mode(uint32_t mode) {
+  return mode == FATTN_MODE_PREFILL || mode == FATTN_MODE_TARGET_VERIFY ||
+         mode == FATTN_MODE_DRAFT_EXTEND || mode == FATTN_MODE_CROSS;
+}
+
+/* AUTO picks the fastest backend built for the device; an explicit choice that cannot run
+ * this model is an error now, never a wrong answer later. */
+static fattn_status choose_backends(fattn_ctx *ctx, char *detail, size_t detail_len) {
+  fattn__layer_params l = fattn__layer_params_for(ctx, 0);
+  for (uint32_t mode = 1; mode <= FATTN_MODE_COUNT; mode++) {
+    fattn_backend want = is_prefill_mode(mode) ? ctx->n.cfg.prefill_backend : ctx->n.cfg.decode_backend;
+    const char *which = is_prefill_mode(mode) ? "prefill_backend" : "decode_backend";
+    if (ctx->n.on_cpu) {
+      ctx->backend[mode] = FATTN_BACKEND_CPU;
+      continue;
+    }
+    if (want == FATTN_BACKEND_AUTO) want = FATTN_BACKEND_FA2;
+    if (want == FATTN_BACKEND_FA3 || want == FATTN_BACKEND_FA4)
+      return FAIL(FATTN_ERR_UNSUPPORTED, "%s %s: not built into this version of fattn", which,
+                  want == FATTN_BACKEND_FA3 ? "FA3" : "FA4");
+    if (!fattn__fa2_supports(&l))
+      return FAIL(FATTN_ERR_UNSUPPORTED,
+                  "%s FA2: no kernel for head_dim %u / head_dim_v %u, q_dtype %u, kv_dtype %u", which,
+                  l.head_dim, l.head_dim_v, l.q_dtype, l.kv_dtype);
+    ctx->backend[mode] = want;
+  }
+  return FATTN_OK;
+}
+
+static fattn_status open_device(const fattn__norm *n, uint32_t *num_sms, char *detail,
+                                size_t detail_len) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return FAIL(FATTN_ERR_NO_DEVICE, "device %d: no CUDA device is present", n->cfg.device);
+  }
+  if (n->cfg.device >= count)
+    return FAIL(FATTN_ERR_NO_DEVICE, "device %d: only %d CUDA devices", n->cfg.device, count);
+  struct cudaDeviceProp prop;
+  if (cudaSetDevice(n->cfg.device) != cudaSuccess ||
+      cudaGetDeviceProperties(&prop, n->cfg.device) != cudaSuccess)
+    return FAIL(FATTN_ERR_CUDA, "device %d: %s", n->cfg.device, cudaGetErrorString(cudaGetLastError()));
+  if (prop.major < 8)
+    return FAIL(FATTN_ERR_UNSUPPORTED, "device %d: compute capability %d.%d, fattn needs 8.0+",
+                n->cfg.device, prop.major, prop.minor);
+  *num_sms = (uint32_t)prop.multiProcessorCount;
+  return FATTN_OK;
+}
+
+static void release(fattn_ctx *ctx) {
+  int gpu = !ctx->n.on_cpu;
+  for (uint32_t i = 0; ctx->events && i < ctx->n.staging_slots; i++)
+    if (ctx->events[i]) cudaEventDestroy((cudaEvent_t)ctx->events[i]);
+  fattn__heap_close(ctx->heap);
+  if (gpu) cudaFree(ctx->dev);
+  else free(ctx->dev);
+  void *slab = ctx->pinned;
+  if (gpu) cudaFreeHost(slab);
+  else free(slab);
+}
+
+/* The slab holds the context itself, the staging ring and the heap, zeroed. */
+static fattn_status take_memory(const fattn__norm *n, const fattn__layout *lay,
+                                const fattn_memory_report *r, fattn_ctx **out, char *detail,
+                                size_t detail_len) {
+  void *slab = NULL;
+  if (n->on_cpu) {
+    if (posix_memalign(&slab, 4096, r->pinned_bytes) != 0) slab = NULL;
+  } else if (cudaHostAlloc(&slab, r->pinned_bytes, cudaHostAllocDefault) != cudaSuccess) {
+    cudaGetLastError();
+    slab = NULL;
+  }
+  if (!slab) return FAIL(FATTN_ERR_NOMEM, "pinned slab of %llu bytes", (unsigned long long)r->pinned_bytes);
+  memset(slab, 0, r->pinned_bytes);
+  fattn_ctx *ctx = (fattn_ctx *)slab;
+  ctx->pinned = (uint8_t *)slab;
+  ctx->n = *n;
+  ctx->lay = *lay;
+  ctx->report = *r;
+  ctx->device = n->on_cpu ? -1 : n->cfg.device;
+  void *dev = NULL;
+  if (n->on_cpu) {
+    if (posix_memalign(&dev, FATTN__ALIGN, r->device_bytes ? r->device_bytes : FATTN__ALIGN) != 0) dev = NULL;
+  } else if (cudaMalloc(&dev, r->device_bytes) != cudaSuccess) {
+    cudaGetLastError();
+    dev = NULL;
+  }
+  if (!dev) {
+    release(ctx);
+    return FAIL(FATTN_ERR_NOMEM, "device allocation of %llu bytes", (unsigned long long)r->device_bytes);
+  }
+  ctx->dev = (uint8_t *)dev;
+  ctx->ring = ctx->pinned + lay->pin_off_ring;
+  if (fattn__heap_open(ctx->pinned + lay->pin_off_heap, lay->heap_bytes, &ctx->heap) != FATTN_OK) {
+    ctx->heap = NULL;
+    release(ctx);
+    return FAIL(FATTN_ERR_NOMEM, "jemalloc arena over the pinned slab");
+  }
+  *out = ctx;
+  return FATTN_OK;
+}
+
+/* Model data the kernels read: sinks on the device, layer options on the host. */
+static fattn_status copy_model(fattn_ctx *ctx, const fattn_model *model, char *detail,
+                               size_t detail_len) {
+  uint32_t L = ctx->n.model.num_layers, H = ctx->n.model.num_q_heads;
+  ctx->layers = fattn__heap_alloc(ctx->heap, (size_t)L * sizeof(fattn_layer_opts));
+  ctx->events = fattn__heap_alloc(ctx->heap, ctx->n.staging_slots * sizeof(void *));
+  if (!ctx->layers || !ctx->events) return FAIL(FATTN_ERR_NOMEM, "host tables in the pinned slab");
+  const fattn_layer_opts dflt = FATTN_LAYER_OPTS_INIT;
+  ctx->model_has_sinks = model->sinks != NULL;
+  for (uint32_t i = 0; i < L; i++) ctx->layers[i] = model->layers ? model->layers[i] : dflt;
+  uint8_t *sinks = ctx->dev + ctx->lay.dev_off[FATTN_REGION_MODEL];
+  uint8_t *table = ctx->dev + ctx->lay.dev_off[FATTN_REGION_PAGE_TABLE];
+  uint64_t table_bytes = ctx->report.region_bytes[FATTN_REGION_PAGE_TABLE];
+  if (ctx->n.on_cpu) {
+    if (model->sinks) memcpy(sinks, model->sinks, (size_t)L * H * sizeof(float));
+    memset(table, 0xff, table_bytes);
+    return FATTN_OK;
+  }
+  if ((model->sinks && cudaMemcpy(sinks, model->sinks, (size_t)L * H * sizeof(float),
+                                  cudaMemcpyHostToDevice) != cudaSuccess) ||
+      cudaMemset(table, 0xff, table_bytes) != cudaSuccess)
+    return FAIL(FATTN_ERR_CUDA, "initialising the device tables: %s", cudaGetErrorString(cudaGetLastError()));
+  for (uint32_t i = 0; i < ctx->n.staging_slots; i++) {
+    cudaEvent_t ev;
+    if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess)
+      return FAIL(FATTN_ERR_CUDA, "staging event: %s", cudaGetErrorString(cudaGetLastError()));
+    ctx->events[i] = ev;
+  }
+  return FATTN_OK;
+}
+
+fattn_status fattn_create(const fattn_config *cfg, const fattn_model *model, fattn_ctx **out,
+                          char *detail, size_t detail_len) {
+  if (detail && detail_len) detail[0] = '\0';
+  if (!out) return FAIL(FATTN_ERR_INVALID, "out must not be NULL");
+  *out = NULL;
+  fattn__norm n;
+  fattn__layout lay;
+  fattn_memory_report r = FATTN_MEMORY_REPORT_INIT;
+  fattn_status st = fattn__normalize(cfg, model, &n, detail, detail_len);
+  if (!st) st = fattn__layout_compute(&n, &lay, &r, detail, detail_len);
+  uint32_t sms = 132; /* the CPU backend plans as for an H200 so that plans are comparable */
+  if (!st && !n.on_cpu) st = open_device(&n, &sms, detail, detail_len);
+  if (st) return st;
+  fattn_ctx *ctx = NULL;
+  if ((st = take_memory(&n, &lay, &r, &ctx, detail, detail_len))) return st;
+  ctx->num_sms = sms;
+  if ((st = copy_model(ctx, model, detail, detail_len)) || (st = choose_backends(ctx, detail, detail_len)) ||
+      (st = fattn__pages_init(ctx))) {
+    if (st == FATTN_ERR_NOMEM && detail && detail_len && !detail[0])
+      FAIL(st, "host tables: the pinned slab's heap is too small");
+    release(ctx);
+    return st;
+  }
+  ctx->detail[0] = '\0';
+  *out = ctx;
+  return FATTN_OK;
+}
+
+fattn_status fattn_destroy(fattn_ctx *ctx, int force) {
+  if (!ctx) return FATTN_OK;
+  uint32_t open = ctx->pages.max_seqs - ctx->pages.seq_free_top;
+  if (open && !force)
+    return fattn__fail(ctx, FATTN_ERR_BUSY, "%u sequences still open (close them or force)", open);
+  release(ctx);
+  return FATTN_OK;
+}
+
+const char *fattn_detail(const fattn_ctx *ctx) { return ctx ? ctx->detail : "no context"; }
+
+const fattn_memory_report *fattn_ctx_memory(const fattn_ctx *ctx) { return ctx ? &ctx->report : NULL; }
+
+fattn_backend fattn_ctx_backend(const fattn_ctx *ctx, fattn_mode mode) {
+  if (!ctx || mode < FATTN_MODE_PREFILL || mode > FATTN_MODE_COUNT) return FATTN_BACKEND_AUTO;
+  return ctx->backend[mode];
+}
+
+fattn_status fattn_get_stats(const fattn_ctx *ctx, fattn_stats *s) {
+  if (!ctx || !s || s->struct_size < sizeof(fattn_stats)) return FATTN_ERR_INVALID;
+  s->pages_total = ctx->pages.num_pages;
+  s->pages_free = ctx->pages.free_top;
+  s->seqs_open = ctx->pages.max_seqs - ctx->pages.seq_free_top;
+  s->page_allocs = ctx->pages.allocs;
+  s->page_frees = ctx->pages.frees;
+  s->steps_planned = ctx->steps_planned;
+  s->staging_waits = ctx->staging_waits;
+  s->cow_copies = ctx->pages.cow_copies;
+  return FATTN_OK;
+}
+
+fattn__layer_params fattn__layer_params_for(const fattn_ctx *ctx, uint32_t layer) {
+  const fattn__norm *n = &ctx->n;
+  const fattn_layer_opts *o = &ctx->layers[layer];
+  fattn__layer_params l;
+  memset(&l, 0, sizeof l);
+  l.num_q_heads = n->model.num_q_heads;
+  l.num_kv_heads = n->model.num_kv_heads;
+  l.head_dim = n->model.head_dim;
+  l.head_dim_v = n->head_dim_v;
+  l.mla = n->model.mla_latent_dim != 0;
+  l.page_size = n->cfg.page_size;
+  l.pages_per_seq = ctx->lay.pages_per_seq;
+  l.num_pages = ctx->lay.num_pages;
+  l.q_dtype = (uint32_t)n->cfg.q_dtype;
+  l.kv_dtype = (uint32_t)n->cfg.kv_dtype;
+  l.scale = n->model.softmax_scale;
+  l.softcap = n->model.logit_softcap;
+  l.window = o->sliding_window;
+  l.chunk = o->chunk_size;
+  l.k_scale = n->cfg.kv_dtype == FATTN_DTYPE_FP8_E4M3 ? o->k_scale : 1.0f;
+  l.v_scale = n->cfg.kv_dtype == FATTN_DTYPE_FP8_E4M3 ? o->v_scale : 1.0f;
+  l.sinks = ctx->model_has_sinks
+                ? (const float *)(ctx->dev + ctx->lay.dev_off[FATTN_REGION_MODEL]) + (size_t)layer * l.num_q_heads
+                : NULL;
+  l.k_pool = ctx->dev + ctx->lay.dev_off[FATTN_REGION_K_POOL] + (uint64_t)layer * ctx->lay.k_layer_bytes;
+  l.v_pool = l.mla ? NULL
+                   : ctx->dev + ctx->lay.dev_off[FATTN_REGION_V_POOL] + (uint64_t)layer * ctx->lay.v_layer_bytes;
+  l.page_table = (int32_t *)(ctx->dev + ctx->lay.dev_off[FATTN_REGION_PAGE_TABLE]);
+  return l;
+}

@@ -1,0 +1,159 @@
+/* internal.h: the context and what the modules of fattn share (never installed).
+ * Config normalisation, layout, host tables, staging ring, the planned step, errors. */
+#ifndef FATTN_LIB_INTERNAL_H
+#define FATTN_LIB_INTERNAL_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fattn.h"
+#include "attn/params.h"
+
+#define FATTN__DETAIL_LEN 256
+#define FATTN__ALIGN 256u /* every region starts on this boundary */
+
+#define FATTN__UNUSED(x) ((void)(x))
+
+/* Config and model after defaults were applied and everything was validated. */
+typedef struct fattn__norm {
+  fattn_config cfg;
+  fattn_model model;
+  uint32_t head_dim_v;
+  uint32_t kv_elem_bytes;
+  uint32_t q_elem_bytes;
+  uint32_t max_seqs;
+  uint32_t max_entries; /* entries of one step: max_batch * max(1, spec_topk) */
+  uint32_t max_mask_rows;
+  uint32_t max_splits;
+  uint32_t staging_slots;
+  uint32_t num_buckets;
+  uint32_t buckets[FATTN_MAX_GRAPH_BUCKETS];
+  int on_cpu;
+} fattn__norm;
+
+/* Where every region lies: device offsets into the one device allocation, pinned offsets
+ * into the one pinned slab. Derived by fattn__layout_compute, a pure function. */
+typedef struct fattn__layout {
+  uint64_t dev_off[FATTN_REGION_COUNT];
+  uint64_t k_layer_bytes; /* one layer's K pool */
+  uint64_t v_layer_bytes;
+  uint32_t num_pages;
+  uint32_t pages_per_seq;
+  uint32_t split_rows_cap;
+  /* one staged slot: [hdr][entries][mask rows][pt updates][copies][payload words] */
+  uint32_t cap_updates;
+  uint32_t cap_copies;
+  uint32_t cap_words;
+  uint64_t slot_off_entries, slot_off_mask, slot_off_updates, slot_off_copies, slot_off_words;
+  uint64_t slot_bytes;
+  uint64_t graph_area_bytes[FATTN_MODE_COUNT + 1]; /* per bucket area, 0 if mode has none */
+  /* pinned slab: [ctx][staging ring][heap served to jemalloc] */
+  uint64_t pin_off_ring;
+  uint64_t pin_off_heap;
+  uint64_t heap_bytes;
+} fattn__layout;
+
+fattn_status fattn__normalize(const fattn_config *cfg, const fattn_model *model,
+                              fattn__norm *out, char *detail, size_t detail_len);
+fattn_status fattn__layout_compute(const fattn__norm *n, fattn__layout *lay,
+                                   fattn_memory_report *report, char *detail, size_t detail_len);
+
+/* A sequence of the page allocator. */
+typedef struct fattn__seq {
+  uint32_t len;      /* token slots covered */
+  uint32_t npages;   /* leading page-table entries mapped */
+  uint32_t dirty_lo; /* page-table entries [dirty_lo, dirty_hi) not yet shipped */
+  uint32_t dirty_hi;
+  uint32_t stamp;    /* last plan that named it, to find duplicates */
+  uint8_t open;
+  uint8_t listed;    /* in the dirty list */
+  uint8_t pad[2];
+} fattn__seq;
+
+typedef struct fattn__pages {
+  uint32_t num_pages;
+  uint32_t pages_per_seq;
+  uint32_t page_size;
+  uint32_t max_seqs;
+  uint32_t caller_owned; /* FATTN_FLAG_CALLER_PAGES */
+  uint32_t max_seq_len;
+  uint32_t *free_stack;  /* [num_pages] */
+  uint32_t free_top;
+  uint32_t *refcount;    /* [num_pages] */
+  uint32_t *table;       /* host mirror [max_seqs, pages_per_seq] */
+  fattn__seq *seqs;      /* [max_seqs] */
+  uint32_t *seq_free;    /* [max_seqs] stack of closed ids */
+  uint32_t seq_free_top;
+  uint32_t *dirty;       /* [max_seqs] rows with unshipped entries */
+  uint32_t num_dirty;
+  fattn__page_copy *copies; /* [cap_copies] copy-on-write copies not yet shipped */
+  uint32_t num_copies;
+  uint32_t cap_copies;
+  uint32_t *scratch;     /* [num_pages] for fattn_check */
+  uint64_t allocs, frees, cow_copies;
+} fattn__pages;
+
+/* What the last fattn_plan left for store_kv and attend: where the metadata is, and the
+ * bounds that size the grids (exact counts eagerly, the bucket's bounds in a graph). */
+typedef struct fattn__step {
+  int planned;
+  uint32_t mode;
+  uint32_t cap_entries;
+  uint32_t cap_q_tokens;
+  uint32_t cap_new_tokens;
+  uint32_t cap_tiles;
+  fattn__step_hdr *hdr;    /* device (host on CPU) */
+  fattn__entry *entries;
+  uint64_t *mask;
+} fattn__step;
+
+typedef struct fattn__heap fattn__heap;
+
+struct fattn_ctx {
+  fattn__norm n;
+  fattn__layout lay;
+  fattn_memory_report report;
+  fattn_backend backend[FATTN_MODE_COUNT + 1];
+  fattn_layer_opts *layers; /* [num_layers] host copy */
+  int device;               /* CUDA ordinal, -1 for CPU */
+  uint32_t num_sms;
+  int model_has_sinks;
+  uint8_t *dev;    /* the one device allocation (host memory on the CPU backend) */
+  uint8_t *pinned; /* the one pinned slab (holds this struct) */
+  fattn__heap *heap;
+  fattn__pages pages;
+  /* staging ring */
+  uint8_t *ring;       /* [staging_slots][slot_bytes] pinned */
+  void **events;       /* [staging_slots] cudaEvent_t, NULL on CPU */
+  uint32_t ring_next;
+  uint64_t staging_waits;
+  uint64_t steps_planned;
+  uint32_t plan_stamp;
+  fattn__step step;
+  char detail[FATTN__DETAIL_LEN];
+};
+
+/* Writes the detail message (printf style) and returns status; never allocates. */
+fattn_status fattn__fail(fattn_ctx *ctx, fattn_status status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+fattn_status fattn__vfail(char *buf, size_t len, fattn_status status, const char *fmt, va_list ap);
+fattn_status fattn__failbuf(char *buf, size_t len, fattn_status status, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* arena/heap.c: a jemalloc arena whose extents come from [base, base + bytes). */
+fattn_status fattn__heap_open(void *base, uint64_t bytes, fattn__heap **out);
+void *fattn__heap_alloc(fattn__heap *heap, size_t bytes);
+void fattn__heap_close(fattn__heap *heap);
+uint64_t fattn__heap_overhead(uint64_t payload_bytes, uint32_t allocations);
+
+/* arena/pages.c */
+fattn_status fattn__pages_init(fattn_ctx *ctx);
+void fattn__pages_mark(fattn__pages *p, uint32_t row, uint32_t lo, uint32_t hi);
+
+/* Derived per-layer parameters the backends take. */
+fattn__layer_params fattn__layer_params_for(const fattn_ctx *ctx, uint32_t layer);
+
+static inline uint64_t fattn__align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+#endif /* FATTN_LIB_INTERNAL_H */

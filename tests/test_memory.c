@@ -1,0 +1,146 @@
+/* test_memory.c: the memory plan against hand-computed layouts, config validation with its
+ * detail messages, status strings, and create/destroy on the CPU backend. */
+#include <math.h>
+
+#include "tests/support.h"
+
+static char detail[256];
+
+START_TEST(plan_llama8b_exact) {
+  fattn_config c;
+  fattn_model m;
+  fattn_test_llama8b(&c, &m, FATTN_DEVICE_CPU);
+  fattn_memory_report r = FATTN_MEMORY_REPORT_INIT;
+  ck_assert_ok(fattn_memory_plan(&c, &m, &r, detail, sizeof detail));
+  /* one page: 32 layers x 16 tokens x (K + V) x 8 heads x 128 dims x 2 bytes */
+  ck_assert_uint_eq(r.page_bytes, 2097152ull);
+  ck_assert_uint_eq(r.num_pages, 40960u); /* 80 GiB / 2 MiB */
+  ck_assert_uint_eq(r.pages_per_seq, 8192u);
+  ck_assert_uint_eq(r.region_bytes[FATTN_REGION_K_POOL], 32ull * 40960 * 16 * 8 * 128 * 2);
+  ck_assert_uint_eq(r.region_bytes[FATTN_REGION_V_POOL], 42949672960ull);
+  ck_assert_uint_eq(r.region_bytes[FATTN_REGION_PAGE_TABLE], 256ull * 8192 * 4);
+  /* slot: hdr 64 + 256 entries x 48 + 256 updates x 16 + 256 copies x 8 + 16384 words x 4 */
+  ck_assert_uint_eq(r.region_bytes[FATTN_REGION_METADATA], 84224ull);
+  /* 32 splits x 64 rows x 32 heads x (128 + 1) floats */
+  ck_assert_uint_eq(r.region_bytes[FATTN_REGION_SPLIT_WORKSPACE], 33816576ull);
+  ck_assert_uint_eq(r.region_bytes[FATTN_REGION_GRAPH_STATIC], 0ull);
+  ck_assert_uint_eq(r.region_bytes[FATTN_REGION_MODEL], 4096ull);
+  ck_assert_uint_eq(r.device_bytes, 85941639424ull);
+  ck_assert_uint_eq(r.pinned_bytes, r.region_bytes[FATTN_REGION_PINNED_STAGING]);
+  ck_assert(r.pinned_bytes > 4ull * 84224 + 8192ull * 4 * 256);
+}
+END_TEST
+
+START_TEST(plan_fp8_mla_and_graphs) {
+  fattn_config c;
+  fattn_model m;
+  fattn_test_small(&c, &m);
+  fattn_memory_report r = FATTN_MEMORY_REPORT_INIT;
+  c.kv_dtype = FATTN_DTYPE_FP8_E4M3;
+  ck_assert_ok(fattn_memory_plan(&c, &m, &r, detail, sizeof detail));
+  ck_assert_uint_eq(r.page_bytes, 2ull * 4 * (2 * 64 + 2 * 64)); /* 1 byte an element */
+  ck_assert_uint_eq(r.num_pages, 64u);
+  m.num_q_heads = 16;
+  m.num_kv_heads = 1;
+  m.head_dim = 576;
+  m.head_dim_v = 512;
+  m.mla_latent_dim = 512;
+  m.mla_rope_dim = 64;
+  c.kv_dtype = FATTN_DTYPE_BF16;
+  ck_assert_ok(fattn_memory_plan(&c, &m, &r, detail, sizeof detail));
+  ck_assert_uint_eq(r.region_bytes[FATTN_REGION_V_POOL], 0ull); /* V is read from the latent */
+  ck_assert_uint_eq(r.page_bytes, 2ull * 4 * 576 * 2);
+  fattn_test_small(&c, &m);
+  c.spec_topk = 4;
+  c.spec_steps = 3;
+  c.spec_draft_tokens = 8;
+  c.graph_modes = (1u << FATTN_MODE_DECODE) | (1u << FATTN_MODE_DRAFT_DECODE) | (1u << FATTN_MODE_TARGET_VERIFY);
+  ck_assert_ok(fattn_memory_plan(&c, &m, &r, detail, sizeof detail));
+  /* buckets for max_batch 8: 1 2 4 8; area = 64 + entries*48 (+ mask rows*8), 256-aligned */
+  ck_assert_uint_eq(r.graph_bytes_per_mode[FATTN_MODE_DECODE], 256ull + 256 + 256 + 512);
+  /* 4 branch entries a request: 64 + 192, 64 + 384, 64 + 768, 64 + 1536 */
+  ck_assert_uint_eq(r.graph_bytes_per_mode[FATTN_MODE_DRAFT_DECODE], 256ull + 512 + 1024 + 1792);
+  /* 8 mask rows a request: 64 + 48 + 64, 64 + 96 + 128, 64 + 192 + 256, 64 + 384 + 512 */
+  ck_assert_uint_eq(r.graph_bytes_per_mode[FATTN_MODE_TARGET_VERIFY], 256ull + 512 + 512 + 1024);
+  ck_assert_uint_eq(r.region_bytes[FATTN_REGION_GRAPH_STATIC],
+                    r.graph_bytes_per_mode[FATTN_MODE_DECODE] + r.graph_bytes_per_mode[FATTN_MODE_DRAFT_DECODE] +
+                        r.graph_bytes_per_mode[FATTN_MODE_TARGET_VERIFY]);
+}
+END_TEST
+
+/* Each bad field gives ERR_INVALID (or the named status) and a detail naming it. */
+START_TEST(plan_rejects_with_detail) {
+  fattn_config c;
+  fattn_model m;
+  fattn_memory_report r = FATTN_MEMORY_REPORT_INIT;
+#define REJECT(stmt, st, text)                                                     \
+  do {                                                                             \
+    fattn_test_small(&c, &m);                                                      \
+    stmt;                                                                          \
+    detail[0] = 0;                                                                 \
+    ck_assert_status(fattn_memory_plan(&c, &m, &r, detail, sizeof detail), st);    \
+    ck_assert_msg(strstr(detail, text) != NULL, "detail '%s' lacks '%s'", detail, text); \
+  } while (0)
+  REJECT(c.page_size = 48, FATTN_ERR_INVALID, "page_size 48: not a power of two in 1..256");
+  REJECT(c.page_size = 512, FATTN_ERR_INVALID, "page_size 512");
+  REJECT(c.page_size = 0, FATTN_ERR_INVALID, "page_size 0");
+  REJECT(m.head_dim = 80, FATTN_ERR_INVALID, "head_dim 80");
+  REJECT(m.head_dim_v = 128, FATTN_ERR_INVALID, "head_dim_v 128");
+  REJECT(m.num_kv_heads = 3, FATTN_ERR_INVALID, "num_kv_heads 3: must divide num_q_heads 4");
+  REJECT(m.num_kv_heads = 0, FATTN_ERR_INVALID, "num_kv_heads 0");
+  REJECT(m.num_layers = 0, FATTN_ERR_INVALID, "num_layers 0");
+  REJECT(c.kv_budget_pages = 15, FATTN_ERR_INVALID, "smaller than one max_seq_len 64 sequence (16 pages)");
+  REJECT((c.kv_budget_pages = 0, c.kv_budget_bytes = 1000), FATTN_ERR_INVALID, "KV budget of 0 pages");
+  REJECT(c.q_dtype = FATTN_DTYPE_FP8_E4M3, FATTN_ERR_INVALID, "q_dtype");
+  REJECT(c.struct_size = 8, FATTN_ERR_INVALID, "struct_size 8");
+  REJECT(m.struct_size = 4, FATTN_ERR_INVALID, "model struct_size 4");
+  REJECT(c.max_batch = 0, FATTN_ERR_INVALID, "max_batch 0");
+  REJECT(c.spec_topk = 2, FATTN_ERR_INVALID, "spec_draft_tokens 0");
+  REJECT(c.prefill_backend = FATTN_BACKEND_FA2, FATTN_ERR_INVALID, "runs only the CPU backend");
+  REJECT(m.logit_softcap = NAN, FATTN_ERR_INVALID, "logit_softcap");
+  REJECT((c.kv_budget_pages = 0xffffffffu, c.max_seq_len = 1), FATTN_ERR_OVERFLOW, "page ids are 32-bit");
+  REJECT((m.num_layers = 1024, m.num_q_heads = 1024, m.num_kv_heads = 1024, m.head_dim = 256, c.page_size = 256,
+          c.kv_budget_bytes = ~0ull, c.kv_budget_pages = 0, c.max_seq_len = 0xffffffffu, c.max_seqs = 1u << 22),
+         FATTN_ERR_OVERFLOW, "overflows");
+  REJECT(c.graph_modes = 1u << FATTN_MODE_PREFILL, FATTN_ERR_INVALID, "graph_modes");
+  uint32_t buckets[] = {1, 4, 2};
+  REJECT((c.num_graph_buckets = 3, c.graph_buckets = buckets), FATTN_ERR_INVALID, "graph_buckets[2] 2");
+#undef REJECT
+}
+END_TEST
+
+START_TEST(status_strings) {
+  ck_assert_str_eq(fattn_status_name(FATTN_ERR_CAPACITY), "FATTN_ERR_CAPACITY");
+  ck_assert_str_eq(fattn_status_name(FATTN_OK), "FATTN_OK");
+  ck_assert_str_eq(fattn_strerror(FATTN_ERR_BUSY), "context still has live sequences");
+  ck_assert_str_eq(fattn_strerror((fattn_status)-99), "unknown status");
+  ck_assert_str_eq(fattn_version(), "0.1.0");
+  ck_assert_str_eq(fattn_region_name(FATTN_REGION_PAGE_TABLE), "page_table");
+}
+END_TEST
+
+START_TEST(create_destroy_cpu) {
+  fattn_config c;
+  fattn_model m;
+  fattn_test_small(&c, &m);
+  fattn_ctx *ctx = (fattn_ctx *)1;
+  c.page_size = 3;
+  ck_assert_status(fattn_create(&c, &m, &ctx, detail, sizeof detail), FATTN_ERR_INVALID);
+  ck_assert_ptr_null(ctx);
+  ck_assert_str_eq(detail, "page_size 3: not a power of two in 1..256");
+  fattn_test_small(&c, &m);
+  ck_assert_ok(fattn_create(&c, &m, &ctx, detail, sizeof detail));
+  ck_assert_int_eq(fattn_ctx_backend(ctx, FATTN_MODE_DECODE), FATTN_BACKEND_CPU);
+  ck_assert_uint_eq(fattn_ctx_memory(ctx)->num_pages, 64u);
+  ck_assert_ok(fattn_check(ctx));
+  uint32_t s;
+  ck_assert_ok(fattn_seq_open(ctx, &s));
+  ck_assert_status(fattn_destroy(ctx, 0), FATTN_ERR_BUSY);
+  ck_assert_str_eq(fattn_detail(ctx), "1 sequences still open (close them or force)");
+  ck_assert_ok(fattn_destroy(ctx, 1));
+  ck_assert_ok(fattn_destroy(NULL, 0));
+}
+END_TEST
+
+FATTN_SUITE("memory", FATTN_TEST_CPU, plan_llama8b_exact, plan_fp8_mla_and_graphs, plan_rejects_with_detail,
+            status_strings, create_destroy_cpu)
