@@ -16,7 +16,8 @@ typedef struct fattn_call_counts {
                         cudaMemcpy, cudaMemset */
 } fattn_call_counts;
 
-/* Counts since the last fattn_calls_reset (calls made from fattn and the tests only). */
+/* Counts since the last fattn_calls_reset, over every object linked statically (fattn,
+ * cudart, jemalloc, Check): keep assertions out of a counting window, Check allocates. */
 extern fattn_call_counts fattn_calls;
 void fattn_calls_reset(void);
 long fattn_calls_forbidden(void); /* every counter added up */

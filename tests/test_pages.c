@@ -1,0 +1,201 @@
+/* test_pages.c: the page allocator and sequences. Every operation is followed by fattn_check;
+ * capacity and argument errors leave the allocator byte-for-byte unchanged. */
+#include <stdlib.h>
+
+#include "lib/internal.h"
+#include "tests/support.h"
+
+static fattn_ctx *ctx;
+static char detail[256];
+
+static void open_ctx(uint32_t page_size, uint32_t pages, uint32_t flags) {
+  fattn_config c;
+  fattn_model m;
+  fattn_test_small(&c, &m);
+  c.page_size = page_size;
+  c.kv_budget_pages = pages;
+  c.max_seq_len = page_size * 4;
+  c.flags = flags;
+  ck_assert_msg(fattn_create(&c, &m, &ctx, detail, sizeof detail) == FATTN_OK, "%s", detail);
+}
+
+/* Everything the allocator owns, as one byte string. */
+static size_t snapshot(uint8_t **out) {
+  const fattn__pages *p = &ctx->pages;
+  size_t np = p->num_pages, ms = p->max_seqs, pps = p->pages_per_seq;
+  size_t n = sizeof *p + np * 8 + ms * pps * 4 + ms * sizeof(fattn__seq) + ms * 8 +
+             p->cap_copies * sizeof(fattn__page_copy);
+  uint8_t *b = malloc(n), *w = b;
+  fattn__pages scalars = *p;
+  scalars.scratch = NULL; /* fattn_check's scratch is not state */
+  memcpy(w, &scalars, sizeof scalars), w += sizeof scalars;
+  memcpy(w, p->free_stack, np * 4), w += np * 4;
+  memcpy(w, p->refcount, np * 4), w += np * 4;
+  memcpy(w, p->table, ms * pps * 4), w += ms * pps * 4;
+  for (size_t i = 0; i < ms; i++) { /* the duplicate-detection stamp is not state */
+    fattn__seq s = p->seqs[i];
+    s.stamp = 0;
+    memcpy(w, &s, sizeof s), w += sizeof s;
+  }
+  memcpy(w, p->seq_free, ms * 4), w += ms * 4;
+  memcpy(w, p->dirty, ms * 4), w += ms * 4;
+  memcpy(w, p->copies, p->cap_copies * sizeof(fattn__page_copy));
+  *out = b;
+  return n;
+}
+
+#define ASSERT_UNCHANGED(call, status)                                 \
+  do {                                                                 \
+    uint8_t *before_, *after_;                                         \
+    size_t n_ = snapshot(&before_);                                    \
+    ck_assert_status((call), (status));                               \
+    snapshot(&after_);                                                 \
+    ck_assert_msg(memcmp(before_, after_, n_) == 0, "%s changed state", #call); \
+    free(before_);                                                     \
+    free(after_);                                                      \
+  } while (0)
+
+#define CHECKED(call)                                                        \
+  do {                                                                       \
+    ck_assert_ok(call);                                                      \
+    ck_assert_msg(fattn_check(ctx) == FATTN_OK, "after %s: %s", #call, fattn_detail(ctx)); \
+  } while (0)
+
+static uint32_t free_pages(void) {
+  fattn_stats s = FATTN_STATS_INIT;
+  ck_assert_ok(fattn_get_stats(ctx, &s));
+  return s.pages_free;
+}
+
+START_TEST(reserve_truncate_close) {
+  open_ctx(4, 16, 0);
+  uint32_t a, len;
+  CHECKED(fattn_seq_open(ctx, &a));
+  CHECKED(fattn_seq_reserve(ctx, a, 5)); /* 2 pages */
+  ck_assert_uint_eq(free_pages(), 14);
+  CHECKED(fattn_seq_reserve(ctx, a, 3)); /* never shrinks */
+  ck_assert_ok(fattn_seq_length(ctx, a, &len));
+  ck_assert_uint_eq(len, 5);
+  CHECKED(fattn_seq_reserve(ctx, a, 16));
+  ck_assert_uint_eq(free_pages(), 12);
+  CHECKED(fattn_seq_truncate(ctx, a, 9)); /* keeps 3 pages */
+  ck_assert_uint_eq(free_pages(), 13);
+  CHECKED(fattn_seq_truncate(ctx, a, 0));
+  ck_assert_uint_eq(free_pages(), 16);
+  CHECKED(fattn_seq_reserve(ctx, a, 1));
+  CHECKED(fattn_seq_close(ctx, a));
+  ck_assert_uint_eq(free_pages(), 16);
+  ck_assert_status(fattn_seq_length(ctx, a, &len), FATTN_ERR_NOT_FOUND);
+  ck_assert_ok(fattn_destroy(ctx, 0));
+}
+END_TEST
+
+START_TEST(errors_leave_state_unchanged) {
+  open_ctx(4, 16, 0);
+  uint32_t a, b, c, d, e, f;
+  CHECKED(fattn_seq_open(ctx, &a));
+  CHECKED(fattn_seq_reserve(ctx, a, 16));
+  CHECKED(fattn_seq_open(ctx, &b));
+  CHECKED(fattn_seq_reserve(ctx, b, 16));
+  CHECKED(fattn_seq_open(ctx, &c));
+  CHECKED(fattn_seq_reserve(ctx, c, 16));
+  CHECKED(fattn_seq_open(ctx, &d));
+  CHECKED(fattn_seq_reserve(ctx, d, 14)); /* all 16 pages owned */
+  CHECKED(fattn_seq_open(ctx, &e));
+  ASSERT_UNCHANGED(fattn_seq_reserve(ctx, e, 1), FATTN_ERR_CAPACITY);
+  ck_assert_msg(strstr(fattn_detail(ctx), "needs 1 pages for 1 tokens, 0 free"), "%s", fattn_detail(ctx));
+  ASSERT_UNCHANGED(fattn_seq_reserve(ctx, d, 17), FATTN_ERR_INVALID);
+  ASSERT_UNCHANGED(fattn_seq_reserve(ctx, 99, 1), FATTN_ERR_NOT_FOUND);
+  ASSERT_UNCHANGED(fattn_seq_truncate(ctx, a, 17), FATTN_ERR_INVALID);
+  ASSERT_UNCHANGED(fattn_seq_fork(ctx, a, 17, &f), FATTN_ERR_INVALID);
+  ASSERT_UNCHANGED(fattn_seq_fork(ctx, a, 4, NULL), FATTN_ERR_INVALID);
+  ASSERT_UNCHANGED(fattn_seq_map(ctx, a, 0, 1, &f), FATTN_ERR_STATE);
+  ASSERT_UNCHANGED(fattn_seq_close(ctx, 1000), FATTN_ERR_NOT_FOUND);
+  CHECKED(fattn_seq_close(ctx, e));
+  CHECKED(fattn_seq_truncate(ctx, c, 12)); /* one page free */
+  CHECKED(fattn_seq_fork(ctx, d, 14, &e));
+  CHECKED(fattn_seq_reserve(ctx, e, 15)); /* copy-on-write of the shared tail takes it */
+  ck_assert_uint_eq(free_pages(), 0);
+  ASSERT_UNCHANGED(fattn_seq_reserve(ctx, c, 13), FATTN_ERR_CAPACITY);
+  CHECKED(fattn_seq_fork(ctx, d, 14, &f));
+  ASSERT_UNCHANGED(fattn_seq_reserve(ctx, f, 15), FATTN_ERR_CAPACITY); /* the copy has no page */
+  ck_assert_ok(fattn_destroy(ctx, 1));
+}
+END_TEST
+
+START_TEST(fork_shares_and_copies_on_write) {
+  open_ctx(4, 32, 0);
+  uint32_t a, b;
+  CHECKED(fattn_seq_open(ctx, &a));
+  CHECKED(fattn_seq_reserve(ctx, a, 10)); /* pages 0 1 2, the last one partial */
+  CHECKED(fattn_seq_fork(ctx, a, 10, &b));
+  ck_assert_uint_eq(free_pages(), 29); /* nothing copied yet */
+  const uint32_t *ra = ctx->pages.table + (size_t)a * ctx->pages.pages_per_seq;
+  const uint32_t *rb = ctx->pages.table + (size_t)b * ctx->pages.pages_per_seq;
+  for (int i = 0; i < 3; i++) ck_assert_uint_eq(ra[i], rb[i]);
+  ck_assert_uint_eq(ctx->pages.refcount[ra[2]], 2);
+  CHECKED(fattn_seq_reserve(ctx, b, 11)); /* writes into the shared tail: private copy */
+  ck_assert_uint_ne(ra[2], rb[2]);
+  ck_assert_uint_eq(ra[1], rb[1]);
+  ck_assert_uint_eq(ctx->pages.num_copies, 1);
+  ck_assert_uint_eq(ctx->pages.copies[0].src, ra[2]);
+  ck_assert_uint_eq(ctx->pages.copies[0].dst, rb[2]);
+  ck_assert_uint_eq(free_pages(), 28);
+  CHECKED(fattn_seq_fork(ctx, a, 8, &b)); /* whole pages only: no copy when growing */
+  CHECKED(fattn_seq_reserve(ctx, b, 9));
+  ck_assert_uint_eq(ctx->pages.num_copies, 1);
+  CHECKED(fattn_seq_close(ctx, a));
+  CHECKED(fattn_seq_truncate(ctx, b, 2));
+  ck_assert_ok(fattn_destroy(ctx, 1));
+}
+END_TEST
+
+START_TEST(caller_owned_pages) {
+  open_ctx(4, 16, FATTN_FLAG_CALLER_PAGES);
+  uint32_t a, len, pages[3] = {7, 3, 9}, bad = 16;
+  CHECKED(fattn_seq_open(ctx, &a));
+  ck_assert_uint_eq(free_pages(), 0); /* fattn hands out no pages itself */
+  ASSERT_UNCHANGED(fattn_seq_reserve(ctx, a, 4), FATTN_ERR_STATE);
+  ASSERT_UNCHANGED(fattn_seq_map(ctx, a, 1, 1, pages), FATTN_ERR_INVALID); /* hole */
+  ASSERT_UNCHANGED(fattn_seq_map(ctx, a, 0, 1, &bad), FATTN_ERR_INVALID);
+  ASSERT_UNCHANGED(fattn_seq_map(ctx, a, 3, 2, pages), FATTN_ERR_INVALID);
+  CHECKED(fattn_seq_map(ctx, a, 0, 3, pages));
+  ck_assert_ok(fattn_seq_length(ctx, a, &len));
+  ck_assert_uint_eq(len, 12);
+  CHECKED(fattn_seq_truncate(ctx, a, 5));
+  CHECKED(fattn_seq_close(ctx, a));
+  ck_assert_ok(fattn_destroy(ctx, 0));
+}
+END_TEST
+
+START_TEST(check_catches_corruption) {
+  open_ctx(4, 16, 0);
+  uint32_t a;
+  CHECKED(fattn_seq_open(ctx, &a));
+  CHECKED(fattn_seq_reserve(ctx, a, 8));
+  ctx->pages.refcount[ctx->pages.table[0]]++;
+  ck_assert_status(fattn_check(ctx), FATTN_ERR_CORRUPT);
+  ctx->pages.refcount[ctx->pages.table[0]]--;
+  ck_assert_ok(fattn_check(ctx));
+  ctx->pages.table[3] = 5;
+  ck_assert_status(fattn_check(ctx), FATTN_ERR_CORRUPT);
+  ctx->pages.table[3] = FATTN__PAGE_NONE;
+  ctx->pages.free_stack[0] = ctx->pages.free_stack[1];
+  ck_assert_status(fattn_check(ctx), FATTN_ERR_CORRUPT);
+  ck_assert_ok(fattn_destroy(ctx, 1));
+}
+END_TEST
+
+START_TEST(sequence_ids_run_out) {
+  open_ctx(1, 64, 0);
+  uint32_t ids[8], extra;
+  for (int i = 0; i < 8; i++) CHECKED(fattn_seq_open(ctx, &ids[i]));
+  ASSERT_UNCHANGED(fattn_seq_open(ctx, &extra), FATTN_ERR_CAPACITY);
+  ASSERT_UNCHANGED(fattn_seq_fork(ctx, ids[0], 0, &extra), FATTN_ERR_CAPACITY);
+  for (int i = 0; i < 8; i++) CHECKED(fattn_seq_close(ctx, ids[i]));
+  ck_assert_ok(fattn_destroy(ctx, 0));
+}
+END_TEST
+
+FATTN_SUITE("pages", FATTN_TEST_CPU, reserve_truncate_close, errors_leave_state_unchanged,
+            fork_shares_and_copies_on_write, caller_owned_pages, check_catches_corruption, sequence_ids_run_out)
