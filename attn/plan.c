@@ -184,27 +184,30 @@ static void stage_changes(fattn_ctx *ctx, uint8_t *slot, fattn__step_hdr *h) {
   p->num_copies = 0;
 }
 
+/* Only the used prefix of a slot travels: header, entries, masks, then the change lists. */
+static uint64_t used_bytes(const fattn_ctx *ctx, const uint8_t *slot) {
+  const fattn__step_hdr *h = (const fattn__step_hdr *)slot;
+  if (h->num_pt_updates) {
+    const fattn__pt_update *last = (const fattn__pt_update *)(slot + ctx->lay.slot_off_updates) + h->num_pt_updates - 1;
+    return ctx->lay.slot_off_words + ((uint64_t)last->payload + last->count) * 4;
+  }
+  return h->num_page_copies ? ctx->lay.slot_off_words : ctx->lay.slot_off_updates;
+}
+
 static fattn_status submit(fattn_ctx *ctx, uint8_t *slot, uint32_t index, const fattn__plan_target *t,
                            void *stream) {
   uint8_t *inbox = ctx->dev + ctx->lay.dev_off[FATTN_REGION_METADATA];
-  const fattn__step_hdr *h = (const fattn__step_hdr *)slot;
+  uint64_t bytes = used_bytes(ctx, slot);
   if (ctx->n.on_cpu) {
-    memcpy(inbox, slot, ctx->lay.slot_bytes);
+    memcpy(inbox, slot, bytes);
     fattn__prep_host(ctx, inbox, t);
     return FATTN_OK;
-  }
-  /* Only the used prefix of the slot travels: header, entries, masks, then the change lists. */
-  uint64_t bytes = ctx->lay.slot_off_updates;
-  if (h->num_pt_updates) {
-    const fattn__pt_update *last = (const fattn__pt_update *)(slot + ctx->lay.slot_off_updates) + h->num_pt_updates - 1;
-    bytes = ctx->lay.slot_off_words + ((uint64_t)last->payload + last->count) * 4;
-  } else if (h->num_page_copies) {
-    bytes = ctx->lay.slot_off_words;
   }
   cudaStream_t s = (cudaStream_t)stream;
   cudaError_t e = cudaMemcpyAsync(inbox, slot, bytes, cudaMemcpyHostToDevice, s);
   if (e == cudaSuccess) e = cudaEventRecord((cudaEvent_t)ctx->events[index], s);
-  if (e == cudaSuccess) e = (cudaError_t)fattn__prep_launch(ctx, inbox, t, h->num_page_copies, stream);
+  if (e == cudaSuccess)
+    e = (cudaError_t)fattn__prep_launch(ctx, inbox, t, ((const fattn__step_hdr *)slot)->num_page_copies, stream);
   if (e != cudaSuccess) return fattn__fail(ctx, FATTN_ERR_CUDA, "staging copy or prep kernel: %s", cudaGetErrorString(e));
   return FATTN_OK;
 }

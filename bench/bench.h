@@ -1,0 +1,18 @@
+/* bench.h: the subcommands of fattn-bench and what they share (timing, output tables).
+ * Each subcommand lives in its own file and returns a process exit code. */
+#ifndef FATTN_BENCH_H
+#define FATTN_BENCH_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "fattn.h"
+
+int fattn_bench_run(int argc, char **argv);  /* the main job: memory plan + scheduler simulation */
+
+double fattn_bench_now(void);                 /* monotonic seconds */
+int fattn_bench_has_gpu(void);
+void fattn_bench_llama8b(fattn_config *cfg, fattn_model *model, int device);
+void fattn_bench_print_plan(const fattn_memory_report *r, FILE *out);
+
+#endif /* FATTN_BENCH_H */

@@ -1,0 +1,67 @@
+/* main.c: fattn-bench, one binary with subcommands (run, ...), shared helpers.
+ * `fattn-bench run` is what `make run` starts. */
+#include <cuda_runtime_api.h>
+#include <string.h>
+#include <time.h>
+
+#include "bench/bench.h"
+
+double fattn_bench_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int fattn_bench_has_gpu(void) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    n = 0;
+  }
+  return n > 0;
+}
+
+void fattn_bench_llama8b(fattn_config *cfg, fattn_model *model, int device) {
+  const fattn_config c = FATTN_CONFIG_INIT;
+  const fattn_model m = FATTN_MODEL_INIT;
+  *cfg = c;
+  *model = m;
+  model->num_layers = 32;
+  model->num_q_heads = 32;
+  model->num_kv_heads = 8;
+  model->head_dim = 128;
+  cfg->device = device;
+  cfg->page_size = 16;
+  cfg->kv_budget_bytes = 80ull << 30;
+  cfg->max_batch = 256;
+  cfg->max_seq_len = 131072;
+  cfg->max_q_tokens = 8192;
+}
+
+void fattn_bench_print_plan(const fattn_memory_report *r, FILE *out) {
+  uint64_t total = r->device_bytes + r->pinned_bytes;
+  fprintf(out, "%-16s %18s %8s\n", "region", "bytes", "share");
+  for (int i = 0; i < FATTN_REGION_COUNT; i++)
+    fprintf(out, "%-16s %18llu %7.3f%%\n", fattn_region_name((fattn_region)i),
+            (unsigned long long)r->region_bytes[i], 100.0 * (double)r->region_bytes[i] / (double)total);
+  fprintf(out, "%-16s %18llu   (one allocation)\n", "device total", (unsigned long long)r->device_bytes);
+  fprintf(out, "%-16s %18llu   (one allocation)\n", "pinned total", (unsigned long long)r->pinned_bytes);
+  fprintf(out, "pages %u of %llu bytes (all layers, K+V), %u per sequence at most\n", r->num_pages,
+          (unsigned long long)r->page_bytes, r->pages_per_seq);
+}
+
+static void usage(void) {
+  fprintf(stderr,
+          "usage: fattn-bench COMMAND [options]\n"
+          "  run [--steps N]   memory plan of Llama-3.1-8B and a simulated scheduler\n");
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    usage();
+    return 2;
+  }
+  if (strcmp(argv[1], "run") == 0) return fattn_bench_run(argc - 1, argv + 1);
+  usage();
+  return 2;
+}
