@@ -501,7 +501,7 @@ START_TEST(tree_mask_chain_equals_causal) {
   for (int t = 0; t < 6; t++) f.mask[t] = (2ull << t) - 1;
   res chain = fx_run(&f, q, 0, 0);
   expect_same(&causal, &chain);
-  const uint64_t tree[6] = {0x1, 0x3, 0x5, 0xb, 0x15, 0x21}; /* parents 0 0 1 2 0 */
+  const uint64_t tree[6] = {0x1, 0x3, 0x5, 0xb, 0x15, 0x20}; /* parents - 0 0 1 2 -: two roots */
   memcpy(f.mask, tree, sizeof tree);
   res r = fx_run(&f, q, 0, 0);
   expect_dense(&f, &r, 0, q, k, v, vis_tree, 1e-12);
@@ -565,8 +565,34 @@ START_TEST(decode_equals_prefill_last_row) {
 }
 END_TEST
 
-/* One split configuration: modes with q_len, window, sinks; merged equals one pass. */
-static void split_case(fx *f, uint32_t mode, uint32_t q_len, const float *q) {
+/* Each workspace row (entry i, token t, split sp) holds the sink-less softmax over the
+ * split's own slots, at split_row + t * num_splits + sp. */
+static void expect_partials(fx *f, uint32_t i, const float *q, const float *k, const float *v) {
+  const fattn__entry *e = &f->e[i];
+  const float *sinks = f->l.sinks;
+  uint8_t *mask = xmalloc(e->kv_len);
+  double o[128];
+  f->l.sinks = NULL;
+  for (uint32_t t = 0; t < e->q_len; t++)
+    for (uint32_t sp = 0; sp < e->num_splits; sp++) {
+      for (uint32_t j = 0; j < e->kv_len; j++)
+        mask[j] = j / e->split_len == sp && fattn__visible(&f->l, 1, e->kv_len - e->q_len + t, j);
+      for (uint32_t hq = 0; hq < 4; hq++) {
+        size_t at = ((size_t)e->split_row + t * e->num_splits + sp) * 4 + hq;
+        double lse = dense(f, q + ((e->q_start + t) * 4 + hq) * 128, hq, k, v, mask, e->kv_len, o);
+        if (lse == -INFINITY) ck_assert_float_eq(f->s.split_lse[at], -INFINITY);
+        else ck_close(f->s.split_lse[at], lse, 1e-6);
+        for (uint32_t c = 0; c < 128; c++) ck_close(f->s.split_o[at * 128 + c], o[c], 1e-6);
+      }
+    }
+  f->l.sinks = sinks;
+  free(mask);
+}
+
+/* One split configuration (mode, q_len; window and sinks as set) over the sequences kv:
+ * k, v of 3000 slots, then of 1100. Merged equals one pass. */
+static void split_case(fx *f, uint32_t mode, uint32_t q_len, const float *q,
+                       const float *const kv[4]) {
   f->h.num_entries = 0;
   fx_add(f, 0, q_len, 3000, 0);
   fx_add(f, 1, q_len, 1100, 0);
@@ -574,7 +600,10 @@ static void split_case(fx *f, uint32_t mode, uint32_t q_len, const float *q) {
   ck_assert_uint_gt(f->e[0].num_splits, 1);
   ck_assert_uint_gt(f->e[1].num_splits, 1);
   res one = fx_run(f, q, 0, 1);
+  ck_assert(isnan(f->s.split_lse[0])); /* ignore_splits leaves the workspace alone */
   res sp = fx_run(f, q, 0, 0);
+  expect_partials(f, 0, q, kv[0], kv[1]);
+  expect_partials(f, 1, q, kv[2], kv[3]);
   double big = 0;
   for (size_t i = 0; i < one.no; i++) big = fmax(big, fabs(one.o[i]));
   for (size_t i = 0; i < one.no; i++) ck_assert(fabs(sp.o[i] - one.o[i]) <= 1e-6 * big);
@@ -593,12 +622,13 @@ START_TEST(split_merge_equals_one_pass) {
         *v1 = rnd(1100 * 256), *q = rnd(6 * 4 * 128);
   fx_fill(&f, 0, 0, 3000, k0, v0);
   fx_fill(&f, 1, 0, 1100, k1, v1);
-  split_case(&f, FATTN_MODE_DECODE, 1, q);
+  const float *const kv[4] = {k0, v0, k1, v1};
+  split_case(&f, FATTN_MODE_DECODE, 1, q, kv);
   float sinks[4] = {-2, 0, 1, 4};
   f.l.sinks = sinks;
-  split_case(&f, FATTN_MODE_TARGET_VERIFY, 3, q);
+  split_case(&f, FATTN_MODE_TARGET_VERIFY, 3, q, kv);
   f.l.window = 300;
-  split_case(&f, FATTN_MODE_DECODE, 1, q);
+  split_case(&f, FATTN_MODE_DECODE, 1, q, kv);
   ck_assert_float_eq(f.s.split_lse[f.e[0].split_row * 4], -INFINITY); /* empty split */
   ck_assert(isfinite(f.s.split_lse[(f.e[0].split_row + f.e[0].num_splits - 1) * 4]));
   free(k0), free(v0), free(k1), free(v1), free(q);
@@ -684,20 +714,31 @@ START_TEST(gqa_maps_heads_to_groups) {
 END_TEST
 
 START_TEST(mla_reads_v_from_k) {
-  rng_state = 16;
-  fx f;
-  fx_init(&f, (shape){.qh = 4, .kvh = 1, .d = 576, .dv = 512, .ps = 16, .len = 48, .mla = 1});
-  float *k = rnd(40 * 576), *q = rnd(2 * 4 * 576);
-  ck_assert_ptr_null(f.l.v_pool);
-  fx_fill(&f, 2, 0, 39, k, NULL);
-  fx_add(&f, 2, 2, 40, 1);
-  fx_plan(&f, FATTN_MODE_PREFILL);
-  fx_store(&f, k + 39 * 576, NULL);
-  res r = fx_run(&f, q, 0, 0);
-  expect_dense(&f, &r, 0, q, k, NULL, vis_causal, 1e-12);
-  res_free(&r);
-  free(k), free(q);
-  fx_free(&f);
+  const uint32_t kinds[2] = {FATTN_DTYPE_BF16, FATTN_DTYPE_FP8_E4M3};
+  for (int i = 0; i < 2; i++) {
+    rng_state = 16;
+    fx f;
+    fx_init(&f, (shape){.qh = 4, .kvh = 1, .d = 576, .dv = 512, .ps = 16, .len = 48,
+                        .kv_dtype = kinds[i], .mla = 1});
+    f.l.k_scale = i ? 0.05f : 1.0f;
+    f.l.v_scale = 7.0f; /* unused: MLA's V is K's bytes, under k_scale */
+    float *k = rnd(40 * 576), *q = rnd(2 * 4 * 576), *kd = xmalloc(40 * 576 * sizeof *kd);
+    ck_assert_ptr_null(f.l.v_pool);
+    fx_fill(&f, 2, 0, 39, k, NULL);
+    fx_add(&f, 2, 2, 40, 1);
+    fx_plan(&f, FATTN_MODE_PREFILL);
+    fx_store(&f, k + 39 * 576, NULL);
+    for (uint32_t j = 0; j < 40; j++) /* fp8: what the pool holds, dequantised */
+      for (uint32_t c = 0; c < 576; c++)
+        kd[j * 576 + c] = i ? fattn__e4m3_to_f32(((uint8_t *)f.l.k_pool)[k_at(&f, 2, j, 0, c, 576)]) *
+                                  f.l.k_scale
+                            : k[j * 576 + c];
+    res r = fx_run(&f, q, 0, 0);
+    expect_dense(&f, &r, 0, q, kd, NULL, vis_causal, i ? 1e-6 : 1e-12);
+    res_free(&r);
+    free(k), free(q), free(kd);
+    fx_free(&f);
+  }
 }
 END_TEST
 
