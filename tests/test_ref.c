@@ -71,7 +71,7 @@ typedef struct fx {
   fattn__entry e[MAX_ENTRIES];
   uint64_t mask[64];
   fattn__step_params s;
-  uint32_t *perm, next_page; /* page ids hand out in a shuffled order */
+  uint32_t *perm, next_page; /* page ids are handed out in this order */
 } fx;
 
 /* Results of one fx_run: O in q_dtype and float LSE, O and LSE in double. */
@@ -254,7 +254,7 @@ static double dense(const fx *f, const float *qr, uint32_t hq, const float *k, c
                     const uint8_t *vis, uint32_t n, double *o) {
   const fattn__layer_params *l = &f->l;
   uint32_t h = hq / (l->num_q_heads / l->num_kv_heads), dv = l->head_dim_v;
-  double *x = xmalloc((n + 1) * sizeof *x), sink = l->sinks ? l->sinks[hq] : -INFINITY;
+  double *x = xmalloc(n * sizeof *x), sink = l->sinks ? l->sinks[hq] : -INFINITY;
   double m = sink, sum = 0;
   for (uint32_t j = 0; j < n; j++) {
     double dot = 0;
@@ -285,7 +285,7 @@ static void expect_dense(const fx *f, const res *r, uint32_t i, const float *q, 
                          const float *v, vis_fn vis, double tol) {
   const fattn__layer_params *l = &f->l;
   const fattn__entry *e = &f->e[i];
-  uint8_t *mask = xmalloc(e->kv_len + 1);
+  uint8_t *mask = xmalloc(e->kv_len);
   double *o = xmalloc(l->head_dim_v * sizeof *o);
   for (uint32_t t = 0; t < e->q_len; t++) {
     for (uint32_t j = 0; j < e->kv_len; j++) mask[j] = (uint8_t)vis(f, e, t, j);
@@ -293,7 +293,8 @@ static void expect_dense(const fx *f, const res *r, uint32_t i, const float *q, 
       size_t row = (size_t)(e->q_start + t) * l->num_q_heads + hq;
       double lse = dense(f, q + row * l->head_dim, hq, k, v, mask, e->kv_len, o);
       ck_close(r->lse64[row], lse, tol);
-      for (uint32_t c = 0; c < l->head_dim_v; c++) ck_close(r->o[row * l->head_dim_v + c], o[c], tol);
+      for (uint32_t c = 0; c < l->head_dim_v; c++)
+        ck_close(r->o[row * l->head_dim_v + c], o[c], tol);
     }
   }
   free(mask);
@@ -501,7 +502,8 @@ START_TEST(tree_mask_chain_equals_causal) {
   for (int t = 0; t < 6; t++) f.mask[t] = (2ull << t) - 1;
   res chain = fx_run(&f, q, 0, 0);
   expect_same(&causal, &chain);
-  const uint64_t tree[6] = {0x1, 0x3, 0x5, 0xb, 0x15, 0x20}; /* parents - 0 0 1 2 -: two roots */
+  /* parents - 0 0 1 2 -: two roots; row 1 also sees draft 3, past itself: the mask decides */
+  const uint64_t tree[6] = {0x1, 0xb, 0x5, 0xb, 0x15, 0x20};
   memcpy(f.mask, tree, sizeof tree);
   res r = fx_run(&f, q, 0, 0);
   expect_dense(&f, &r, 0, q, k, v, vis_tree, 1e-12);
@@ -519,7 +521,8 @@ START_TEST(draft_decode_shares_prefix) {
   float *kp = rnd(32 * 2 * 64), *vp = rnd(32 * 2 * 64);
   float *kb = rnd(3 * 2 * 64), *vb = rnd(3 * 2 * 64), *q = rnd(3 * 4 * 64);
   fx_fill(&f, 0, 0, 32, kp, vp);
-  for (uint32_t b = 1; b < 3; b++) memcpy(&f.l.page_table[b * 3], f.l.page_table, 2 * sizeof(int32_t));
+  for (uint32_t b = 1; b < 3; b++) /* rows 1, 2 share row 0's two prefix pages */
+    memcpy(&f.l.page_table[b * f.l.pages_per_seq], f.l.page_table, 2 * sizeof(int32_t));
   for (uint32_t b = 0; b < 3; b++) fx_add(&f, b, 1, 33, 1);
   fx_plan(&f, FATTN_MODE_DRAFT_DECODE);
   fx_store(&f, kb, vb);
@@ -728,10 +731,10 @@ START_TEST(mla_reads_v_from_k) {
     fx_add(&f, 2, 2, 40, 1);
     fx_plan(&f, FATTN_MODE_PREFILL);
     fx_store(&f, k + 39 * 576, NULL);
+    const uint8_t *kp = f.l.k_pool;
     for (uint32_t j = 0; j < 40; j++) /* fp8: what the pool holds, dequantised */
       for (uint32_t c = 0; c < 576; c++)
-        kd[j * 576 + c] = i ? fattn__e4m3_to_f32(((uint8_t *)f.l.k_pool)[k_at(&f, 2, j, 0, c, 576)]) *
-                                  f.l.k_scale
+        kd[j * 576 + c] = i ? fattn__e4m3_to_f32(kp[k_at(&f, 2, j, 0, c, 576)]) * f.l.k_scale
                             : k[j * 576 + c];
     res r = fx_run(&f, q, 0, 0);
     expect_dense(&f, &r, 0, q, kd, NULL, vis_causal, i ? 1e-6 : 1e-12);
@@ -776,7 +779,8 @@ static void shape_case(uint32_t d, uint32_t dv, uint32_t ps, uint32_t qt, uint32
                       .q_dtype = qt, .kv_dtype = kt});
   size_t kr = 2 * d, vr = 2 * dv;
   float *k0 = rnd(40 * kr), *v0 = rnd(40 * vr), *k1 = rnd(8 * kr), *v1 = rnd(8 * vr);
-  float *q = rnd(13 * 4 * d), *kn = xmalloc(13 * kr * sizeof *kn), *vn = xmalloc(13 * vr * sizeof *vn);
+  float *q = rnd(13 * 4 * d);
+  float *kn = xmalloc(13 * kr * sizeof *kn), *vn = xmalloc(13 * vr * sizeof *vn);
   memcpy(kn, k0 + 30 * kr, 10 * kr * sizeof *kn); /* new rows, entry after entry */
   memcpy(kn + 10 * kr, k1 + 5 * kr, 3 * kr * sizeof *kn);
   memcpy(vn, v0 + 30 * vr, 10 * vr * sizeof *vn);
@@ -797,8 +801,8 @@ static void shape_case(uint32_t d, uint32_t dv, uint32_t ps, uint32_t qt, uint32
 
 START_TEST(head_dims_and_page_sizes) {
   const uint32_t dims[5] = {64, 96, 128, 192, 256}, pss[3] = {1, 16, 256};
-  const uint32_t dt[4][2] = {{FATTN_DTYPE_BF16, FATTN_DTYPE_BF16}, {FATTN_DTYPE_FP16, FATTN_DTYPE_FP16},
-                             {FATTN_DTYPE_FP16, FATTN_DTYPE_BF16}, {FATTN_DTYPE_BF16, FATTN_DTYPE_FP16}};
+  enum { B = FATTN_DTYPE_BF16, H = FATTN_DTYPE_FP16 };
+  const uint32_t dt[4][2] = {{B, B}, {H, H}, {H, B}, {B, H}}; /* q_dtype, kv_dtype */
   uint32_t n = 0;
   for (int i = 0; i < 5; i++)
     for (int p = 0; p < 3; p++)
@@ -841,6 +845,19 @@ static size_t written(const uint16_t *p, size_t n) {
   return w;
 }
 
+/* Slots [0, n) of row seq hold logical k [n, 2, 64], v [n, 2, 32] as fp16 (RNE). */
+static void expect_f16_rows(const fx *f, uint32_t seq, uint32_t n, const float *k,
+                            const float *v) {
+  const uint16_t *kp = f->l.k_pool, *vp = f->l.v_pool;
+  for (uint32_t j = 0; j < n; j++)
+    for (uint32_t h = 0; h < 2; h++)
+      for (uint32_t c = 0; c < 64; c++) {
+        size_t ki = (j * 2 + h) * 64 + c, vi = (j * 2 + h) * 32 + c;
+        ck_assert_uint_eq(kp[k_at(f, seq, j, h, c, 64)], fattn__f32_to_f16(k[ki]));
+        if (c < 32) ck_assert_uint_eq(vp[k_at(f, seq, j, h, c, 32)], fattn__f32_to_f16(v[vi]));
+      }
+}
+
 START_TEST(store_converts_into_pages) {
   rng_state = 19;
   fx f;
@@ -859,17 +876,9 @@ START_TEST(store_converts_into_pages) {
   fx_add(&f, 6, 5, 5, 5);
   fx_plan(&f, FATTN_MODE_PREFILL);
   fx_store(&f, kn, vn);
+  expect_f16_rows(&f, 2, 23, k0, v0);
+  expect_f16_rows(&f, 6, 5, k1, v1);
   const uint16_t *kp = f.l.k_pool, *vp = f.l.v_pool;
-  for (uint32_t s = 0; s < 2; s++)
-    for (uint32_t j = 0; j < (s ? 5u : 23u); j++)
-      for (uint32_t h = 0; h < 2; h++)
-        for (uint32_t c = 0; c < 64; c++) {
-          const float *k = s ? k1 : k0, *v = s ? v1 : v0;
-          uint32_t seq = s ? 6 : 2;
-          ck_assert_uint_eq(kp[k_at(&f, seq, j, h, c, 64)], fattn__f32_to_f16(k[(j * 2 + h) * 64 + c]));
-          if (c < 32)
-            ck_assert_uint_eq(vp[k_at(&f, seq, j, h, c, 32)], fattn__f32_to_f16(v[(j * 2 + h) * 32 + c]));
-        }
   ck_assert_uint_eq(kp[k_at(&f, 2, 0, 0, 1, 64)], 0x7c00u); /* +inf */
   ck_assert_uint_eq(written(kp, (size_t)f.l.num_pages * 16 * 128), 28 * 128);
   ck_assert_uint_eq(written(vp, (size_t)f.l.num_pages * 16 * 64), 28 * 64);
