@@ -3,6 +3,7 @@
 #ifndef FATTN_TESTS_SUPPORT_H
 #define FATTN_TESTS_SUPPORT_H
 
+#include <stdint.h>
 #include <string.h>
 
 #include "tests/harness.h"
@@ -41,5 +42,9 @@ void fattn_test_small(fattn_config *cfg, fattn_model *model);
 /* The Llama-3.1-8B shape: 32 layers, 32 q / 8 kv heads, d 128, bf16, page 16, 80 GiB,
  * max_batch 256, max_seq_len 131072, max_q_tokens 8192. device as given. */
 void fattn_test_llama8b(fattn_config *cfg, fattn_model *model, int device);
+
+/* Everything the page allocator owns, as one malloc'd byte string (free it): equal
+ * snapshots before and after a rejected call prove it changed nothing. */
+size_t fattn_test_snapshot(const fattn_ctx *ctx, uint8_t **out);
 
 #endif /* FATTN_TESTS_SUPPORT_H */

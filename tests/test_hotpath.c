@@ -1,5 +1,5 @@
-/* test_hotpath.c: the hot-path contract on the CPU backend. Sequence and page operations and
- * fattn_plan make no malloc-family, device-allocation or synchronising call. */
+/* test_hotpath.c: the hot-path contract on the CPU backend. Sequence and page operations,
+ * fattn_plan, fattn_store_kv and fattn_attend make no malloc-family, device-allocation or synchronising call. */
 #include "lib/internal.h"
 #include "tests/support.h"
 
@@ -21,6 +21,10 @@ START_TEST(sequence_ops_and_plan_make_no_forbidden_call) {
   ck_assert_ok(fattn_create(&c, &m, &ctx, detail, sizeof detail));
   uint32_t ids[16], n = 0, fails = 0, plans = 0;
   uint64_t seed = 42;
+  static uint16_t k[8 * 2 * 64], v[8 * 2 * 64], q[8 * 4 * 64], out[8 * 4 * 64];
+  static float lse[8 * 4];
+  for (size_t i = 0; i < sizeof k / 2; i++) k[i] = v[i] = (uint16_t)(0x3c00 + i % 97); /* bf16 ~1..2 */
+  for (size_t i = 0; i < sizeof q / 2; i++) q[i] = (uint16_t)(0x3c00 + i % 89);
   fattn_calls_reset();
   for (int step = 0; step < 5000; step++) {
     uint32_t r = rnd(&seed) % 6, i = n ? rnd(&seed) % n : 0, len = 0;
@@ -37,19 +41,23 @@ START_TEST(sequence_ops_and_plan_make_no_forbidden_call) {
       fails += fattn_seq_close(ctx, ids[i]) != FATTN_OK;
       ids[i] = ids[--n];
     } else if (n) { /* one decode step over every sequence with room */
-      uint32_t use[8], k = 0;
+      uint32_t use[8], nb = 0;
       for (uint32_t j = 0; j < n; j++) {
         fattn_seq_length(ctx, ids[j], &len);
         if (len >= c.max_seq_len) continue;
         fails += fattn_seq_reserve(ctx, ids[j], len + 1) != FATTN_OK;
-        use[k++] = ids[j];
+        use[nb++] = ids[j];
       }
       fattn_batch b = FATTN_BATCH_INIT;
       b.mode = FATTN_MODE_DECODE;
-      b.num_seqs = k;
+      b.num_seqs = nb;
       b.seq_ids = use;
-      if (k) {
+      if (nb) {
         fails += fattn_plan(ctx, &b, NULL) != FATTN_OK;
+        for (uint32_t l = 0; l < m.num_layers; l++) {
+          fails += fattn_store_kv(ctx, l, k, v, NULL) != FATTN_OK;
+          fails += fattn_attend(ctx, l, q, out, lse, NULL) != FATTN_OK;
+        }
         plans++;
       }
     }

@@ -19,37 +19,12 @@ static void open_ctx(uint32_t page_size, uint32_t pages, uint32_t flags) {
   ck_assert_msg(fattn_create(&c, &m, &ctx, detail, sizeof detail) == FATTN_OK, "%s", detail);
 }
 
-/* Everything the allocator owns, as one byte string. */
-static size_t snapshot(uint8_t **out) {
-  const fattn__pages *p = &ctx->pages;
-  size_t np = p->num_pages, ms = p->max_seqs, pps = p->pages_per_seq;
-  size_t n = sizeof *p + np * 8 + ms * pps * 4 + ms * sizeof(fattn__seq) + ms * 8 +
-             p->cap_copies * sizeof(fattn__page_copy);
-  uint8_t *b = malloc(n), *w = b;
-  fattn__pages scalars = *p;
-  scalars.scratch = NULL; /* fattn_check's scratch is not state */
-  memcpy(w, &scalars, sizeof scalars), w += sizeof scalars;
-  memcpy(w, p->free_stack, np * 4), w += np * 4;
-  memcpy(w, p->refcount, np * 4), w += np * 4;
-  memcpy(w, p->table, ms * pps * 4), w += ms * pps * 4;
-  for (size_t i = 0; i < ms; i++) { /* the duplicate-detection stamp is not state */
-    fattn__seq s = p->seqs[i];
-    s.stamp = 0;
-    memcpy(w, &s, sizeof s), w += sizeof s;
-  }
-  memcpy(w, p->seq_free, ms * 4), w += ms * 4;
-  memcpy(w, p->dirty, ms * 4), w += ms * 4;
-  memcpy(w, p->copies, p->cap_copies * sizeof(fattn__page_copy));
-  *out = b;
-  return n;
-}
-
 #define ASSERT_UNCHANGED(call, status)                                 \
   do {                                                                 \
     uint8_t *before_, *after_;                                         \
-    size_t n_ = snapshot(&before_);                                    \
+    size_t n_ = fattn_test_snapshot(ctx, &before_);                    \
     ck_assert_status((call), (status));                               \
-    snapshot(&after_);                                                 \
+    fattn_test_snapshot(ctx, &after_);                                 \
     ck_assert_msg(memcmp(before_, after_, n_) == 0, "%s changed state", #call); \
     free(before_);                                                     \
     free(after_);                                                      \
