@@ -1,0 +1,209 @@
+/* gpu_arena.c: the arena and planner on a CUDA device. One cudaMalloc and one pinned slab per
+ * context, faults cleanly handled, prep-kernel metadata equal to the CPU plan, no hot-path calls. */
+#include <cuda_runtime_api.h>
+#include <stdlib.h>
+
+#include "attn/plan.h"
+#include "tests/support.h"
+
+static char detail[256];
+
+static void gpu_small(fattn_config *c, fattn_model *m) {
+  fattn_test_small(c, m);
+  c->device = 0;
+  c->kv_budget_pages = 2048;
+  c->max_seqs = 64;
+  c->max_batch = 32;
+  c->max_seq_len = 1024;
+  c->max_q_tokens = 2048;
+  c->spec_topk = 2;
+  c->spec_steps = 2;
+  c->spec_draft_tokens = 4;
+  c->staging_slots = 8;
+}
+
+START_TEST(create_takes_one_device_and_one_pinned_allocation) {
+  fattn_config c;
+  fattn_model m;
+  gpu_small(&c, &m);
+  fattn_ctx *ctx = NULL;
+  fattn_test_cuda_devices(); /* the runtime's own start-up stays out of the count */
+  fattn_calls_reset();
+  fattn_status st = fattn_create(&c, &m, &ctx, detail, sizeof detail);
+  fattn_call_counts made = fattn_calls;
+  ck_assert_msg(st == FATTN_OK, "%s", detail);
+  ck_assert_int_eq(made.device_alloc, 1);
+  ck_assert_int_eq(made.host_alloc, 1);
+  ck_assert_int_eq(fattn_ctx_backend(ctx, FATTN_MODE_DECODE), FATTN_BACKEND_FA2);
+  ck_assert_ok(fattn_check(ctx));
+  ck_assert_ok(fattn_destroy(ctx, 0));
+}
+END_TEST
+
+START_TEST(device_and_pinned_faults_fail_cleanly) {
+  fattn_config c;
+  fattn_model m;
+  gpu_small(&c, &m);
+  const fattn_fault_kind kinds[2] = {FATTN_FAULT_DEVICE, FATTN_FAULT_PINNED};
+  for (int k = 0; k < 2; k++) {
+    fattn_ctx *ctx = NULL;
+    fattn_fault_arm(kinds[k], 1);
+    fattn_status st = fattn_create(&c, &m, &ctx, detail, sizeof detail);
+    long seen = fattn_fault_seen(kinds[k]);
+    fattn_fault_arm(kinds[k], 0);
+    ck_assert_int_eq(seen, 1);
+    ck_assert_status(st, FATTN_ERR_NOMEM);
+    ck_assert_ptr_null(ctx);
+    ck_assert_ok(fattn_create(&c, &m, &ctx, detail, sizeof detail));
+    ck_assert_ok(fattn_destroy(ctx, 0));
+  }
+}
+END_TEST
+
+static uint32_t rnd(uint64_t *s) {
+  *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+  return (uint32_t)(*s >> 33);
+}
+
+/* Random sequences, forks and a random batch of the given mode; returns its entry count. */
+static uint32_t random_batch(fattn_ctx *ctx, uint64_t *seed, fattn_mode mode, uint32_t *ids, uint32_t *q,
+                             fattn_batch *b) {
+  uint32_t reqs = 1 + rnd(seed) % 16, per = mode == FATTN_MODE_DRAFT_DECODE ? 2 : 1;
+  for (uint32_t i = 0; i < reqs * per; i++) {
+    uint32_t len = 1 + rnd(seed) % 200;
+    q[i] = mode == FATTN_MODE_PREFILL ? 1 + rnd(seed) % (len < 100 ? len : 100)
+           : mode == FATTN_MODE_TARGET_VERIFY ? 4 : 1;
+    if (len < q[i]) len = q[i];
+    ck_assert_ok(fattn_seq_open(ctx, &ids[i]));
+    ck_assert_ok(fattn_seq_reserve(ctx, ids[i], len));
+  }
+  fattn_batch x = FATTN_BATCH_INIT;
+  x.mode = mode;
+  x.num_seqs = reqs;
+  x.seq_ids = ids;
+  x.q_lens = q;
+  *b = x;
+  return reqs * per;
+}
+
+/* The device derives the same metadata as fattn__prep on the host, from NaN-poisoned memory. */
+START_TEST(prep_kernel_matches_host_plan) {
+  fattn_config c;
+  fattn_model m;
+  gpu_small(&c, &m);
+  fattn_ctx *ctx;
+  ck_assert_ok(fattn_create(&c, &m, &ctx, detail, sizeof detail));
+  uint8_t *inbox = ctx->dev + ctx->lay.dev_off[FATTN_REGION_METADATA];
+  uint8_t *table = ctx->dev + ctx->lay.dev_off[FATTN_REGION_PAGE_TABLE];
+  size_t table_bytes = (size_t)ctx->pages.max_seqs * ctx->pages.pages_per_seq * 4;
+  uint32_t *dev_table = malloc(table_bytes);
+  uint64_t seed = 1;
+  const fattn_mode modes[4] = {FATTN_MODE_DECODE, FATTN_MODE_PREFILL, FATTN_MODE_TARGET_VERIFY,
+                               FATTN_MODE_DRAFT_DECODE};
+  for (int round = 0; round < 40; round++) {
+    uint32_t ids[32], q[32];
+    fattn_batch b;
+    uint32_t n = random_batch(ctx, &seed, modes[round % 4], ids, q, &b);
+    ck_assert_int_eq(cudaMemset(inbox, 0xff, ctx->lay.slot_bytes), cudaSuccess);
+    ck_assert_msg(fattn_plan(ctx, &b, NULL) == FATTN_OK, "%s", fattn_detail(ctx));
+    ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
+    uint32_t used = (ctx->ring_next + ctx->n.staging_slots - 1) % ctx->n.staging_slots;
+    uint8_t *staged = ctx->ring + (uint64_t)used * ctx->lay.slot_bytes;
+    fattn__step_hdr want = *(fattn__step_hdr *)staged, got;
+    fattn__entry want_e[32], got_e[32];
+    memcpy(want_e, staged + fattn__area_entries_off(), n * sizeof *want_e);
+    fattn__prep(&want, want_e);
+    ck_assert_int_eq(cudaMemcpy(&got, inbox, sizeof got, cudaMemcpyDeviceToHost), cudaSuccess);
+    ck_assert_int_eq(cudaMemcpy(got_e, inbox + fattn__area_entries_off(), n * sizeof *got_e,
+                                cudaMemcpyDeviceToHost), cudaSuccess);
+    ck_assert_int_eq(memcmp(&got, &want, sizeof got), 0);
+    ck_assert_int_eq(memcmp(got_e, want_e, n * sizeof *got_e), 0);
+    ck_assert_uint_eq(got.num_entries, n);
+    ck_assert_int_eq(cudaMemcpy(dev_table, table, table_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    ck_assert_int_eq(memcmp(dev_table, ctx->pages.table, table_bytes), 0);
+    for (uint32_t i = 0; i < n; i++) ck_assert_ok(fattn_seq_close(ctx, ids[i]));
+  }
+  ck_assert_ok(fattn_check(ctx));
+  free(dev_table);
+  ck_assert_ok(fattn_destroy(ctx, 0));
+}
+END_TEST
+
+/* Copy-on-write on the device: the fork's private tail page holds the parent's bytes. */
+START_TEST(copy_on_write_copies_every_layer) {
+  fattn_config c;
+  fattn_model m;
+  gpu_small(&c, &m);
+  fattn_ctx *ctx;
+  ck_assert_ok(fattn_create(&c, &m, &ctx, detail, sizeof detail));
+  uint8_t *k = ctx->dev + ctx->lay.dev_off[FATTN_REGION_K_POOL], *v = ctx->dev + ctx->lay.dev_off[FATTN_REGION_V_POOL];
+  size_t page = (size_t)c.page_size * m.num_kv_heads * m.head_dim * 2;
+  uint8_t *pattern = malloc(page), *back = malloc(page);
+  uint32_t a, f;
+  ck_assert_ok(fattn_seq_open(ctx, &a));
+  ck_assert_ok(fattn_seq_reserve(ctx, a, 6)); /* pages 0, 1 of 4 tokens; 1 half full */
+  uint32_t tail = ctx->pages.table[(size_t)a * ctx->pages.pages_per_seq + 1];
+  for (uint32_t l = 0; l < m.num_layers; l++)
+    for (int pool = 0; pool < 2; pool++) {
+      for (size_t i = 0; i < page; i++) pattern[i] = (uint8_t)(i * 7 + l * 31 + pool * 101);
+      uint8_t *base = (pool ? v + l * ctx->lay.v_layer_bytes : k + l * ctx->lay.k_layer_bytes) + tail * page;
+      ck_assert_int_eq(cudaMemcpy(base, pattern, page, cudaMemcpyHostToDevice), cudaSuccess);
+    }
+  ck_assert_ok(fattn_seq_fork(ctx, a, 6, &f));
+  ck_assert_ok(fattn_seq_reserve(ctx, f, 7));
+  uint32_t copy = ctx->pages.table[(size_t)f * ctx->pages.pages_per_seq + 1];
+  ck_assert_uint_ne(copy, tail);
+  fattn_batch b = FATTN_BATCH_INIT;
+  b.num_seqs = 1;
+  b.seq_ids = &f;
+  ck_assert_ok(fattn_plan(ctx, &b, NULL));
+  ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
+  for (uint32_t l = 0; l < m.num_layers; l++)
+    for (int pool = 0; pool < 2; pool++) {
+      for (size_t i = 0; i < page; i++) pattern[i] = (uint8_t)(i * 7 + l * 31 + pool * 101);
+      uint8_t *base = (pool ? v + l * ctx->lay.v_layer_bytes : k + l * ctx->lay.k_layer_bytes) + copy * page;
+      ck_assert_int_eq(cudaMemcpy(back, base, page, cudaMemcpyDeviceToHost), cudaSuccess);
+      ck_assert_msg(memcmp(back, pattern, page) == 0, "layer %u pool %d not copied", l, pool);
+    }
+  free(pattern);
+  free(back);
+  ck_assert_ok(fattn_destroy(ctx, 1));
+}
+END_TEST
+
+/* Sequence operations and plans on the device: no allocation, no synchronising call while
+ * the staging ring has room. */
+START_TEST(plan_makes_no_forbidden_call_on_gpu) {
+  fattn_config c;
+  fattn_model m;
+  gpu_small(&c, &m);
+  fattn_ctx *ctx;
+  ck_assert_ok(fattn_create(&c, &m, &ctx, detail, sizeof detail));
+  uint32_t ids[8];
+  for (int i = 0; i < 8; i++) ck_assert_ok(fattn_seq_open(ctx, &ids[i]));
+  fattn_batch b = FATTN_BATCH_INIT;
+  b.num_seqs = 8;
+  b.seq_ids = ids;
+  int fails = 0;
+  for (int round = 0; round < 20; round++) {
+    ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
+    fattn_calls_reset();
+    for (uint32_t s = 0; s < c.staging_slots - 1; s++) { /* fewer plans than slots: no wait */
+      for (int i = 0; i < 8; i++) {
+        uint32_t len;
+        fattn_seq_length(ctx, ids[i], &len);
+        fails += fattn_seq_reserve(ctx, ids[i], len + 1) != FATTN_OK;
+      }
+      fails += fattn_plan(ctx, &b, NULL) != FATTN_OK;
+    }
+    fattn_call_counts made = fattn_calls;
+    ck_assert_int_eq(fails, 0);
+    ck_assert_int_eq(made.malloc + made.free + made.device_alloc + made.host_alloc + made.sync, 0);
+  }
+  ck_assert_ok(fattn_destroy(ctx, 1));
+}
+END_TEST
+
+FATTN_SUITE("gpu_arena", FATTN_TEST_GPU, create_takes_one_device_and_one_pinned_allocation,
+            device_and_pinned_faults_fail_cleanly, prep_kernel_matches_host_plan, copy_on_write_copies_every_layer,
+            plan_makes_no_forbidden_call_on_gpu)
