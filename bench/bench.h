@@ -9,6 +9,7 @@
 #include "fattn.h"
 
 int fattn_bench_run(int argc, char **argv);  /* the main job: memory plan + scheduler simulation */
+int fattn_bench_plan(int argc, char **argv); /* host time of fattn_plan */
 
 double fattn_bench_now(void);                 /* monotonic seconds */
 int fattn_bench_has_gpu(void);
