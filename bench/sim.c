@@ -169,5 +169,6 @@ int fattn_bench_run(int argc, char **argv) {
          1e6 * s.plan_seconds / (double)s.plans, (unsigned long long)st.staging_waits);
   printf("final check: %s, pages free %u / %u\n", fattn_status_name(chk), st.pages_free, st.pages_total);
   fattn_destroy(s.ctx, 0);
-  return chk == FATTN_OK && st.pages_free == st.pages_total ? 0 : 1;
+  if (chk != FATTN_OK || st.pages_free != st.pages_total) return 1;
+  return fattn_bench_steps();
 }
