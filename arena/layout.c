@@ -41,8 +41,7 @@ static uint64_t slot_layout(const fattn__norm *n, fattn__layout *lay) {
   return o;
 }
 
-/* Static metadata one captured graph of this mode needs per bucket of b requests. */
-static uint64_t graph_area(const fattn__norm *n, fattn_mode mode, uint32_t b) {
+uint64_t fattn__graph_area_bytes(const fattn__norm *n, fattn_mode mode, uint32_t b) {
   uint32_t per = mode == FATTN_MODE_DRAFT_DECODE ? n->cfg.spec_topk : 1;
   uint32_t rows = (mode == FATTN_MODE_TARGET_VERIFY && n->cfg.spec_topk > 1) ? n->cfg.spec_draft_tokens : 0;
   uint64_t bytes = fattn__align_up(sizeof(fattn__step_hdr), 16) +
@@ -66,6 +65,7 @@ static void heap_tables(const fattn__norm *n, const fattn__layout *lay, uint64_t
       (uint64_t)lay->cap_copies * sizeof(fattn__page_copy),
       (uint64_t)n->model.num_layers * sizeof(fattn_layer_opts),
       (uint64_t)n->staging_slots * sizeof(void *),
+      (uint64_t)(FATTN_MODE_COUNT + 1) * n->num_buckets * sizeof(fattn__graph_slot),
   };
   *bytes = 0;
   for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) *bytes += parts[i];
@@ -118,10 +118,8 @@ fattn_status fattn__layout_compute(const fattn__norm *n, fattn__layout *lay,
       mul4(lay->split_rows_cap, m->num_q_heads, (uint64_t)n->head_dim_v + 1, 4, &ok), FATTN__ALIGN);
   for (uint32_t mode = 1; mode <= FATTN_MODE_COUNT; mode++) {
     if (!(c->graph_modes & (1u << mode))) continue;
-    uint64_t per = graph_area(n, (fattn_mode)mode, c->max_batch);
-    lay->graph_area_bytes[mode] = per;
     uint64_t sum = 0;
-    for (uint32_t b = 0; b < n->num_buckets; b++) sum += graph_area(n, (fattn_mode)mode, n->buckets[b]);
+    for (uint32_t b = 0; b < n->num_buckets; b++) sum += fattn__graph_area_bytes(n, (fattn_mode)mode, n->buckets[b]);
     r->graph_bytes_per_mode[mode] = sum;
     rb[FATTN_REGION_GRAPH_STATIC] += sum;
   }

@@ -259,17 +259,26 @@ fattn_status fattn__plan_into(fattn_ctx *ctx, const fattn_batch *b, void *stream
     e[i].new_len = b->mode == FATTN_MODE_CROSS ? (b->kv_new_lens ? b->kv_new_lens[i] : 0u) : q;
     e[i].mask_row = info.mask_rows ? i * nd : UINT32_MAX;
   }
+  h->num_live = info.entries;
+  uint32_t padded = t->dst ? t->cap_entries : info.entries;
+  for (uint32_t i = info.entries; i < padded; i++) { /* kv_len 0: sees nothing, writes zeros */
+    memset(&e[i], 0, sizeof e[i]);
+    e[i].q_len = t->pad_q_len;
+    e[i].mask_row = UINT32_MAX;
+  }
+  h->num_entries = padded;
   if (info.mask_rows) memcpy(slot + ctx->lay.slot_off_mask, b->tree_mask, (size_t)info.mask_rows * 8);
   if ((st = submit(ctx, slot, index, t, stream))) return st;
   /* The inbox starts as an area of max_entries entries; prep derives in place there. */
   uint8_t *area = t->dst ? t->dst : ctx->dev + ctx->lay.dev_off[FATTN_REGION_METADATA];
   uint32_t area_cap = t->dst ? t->cap_entries : ctx->n.max_entries;
+  uint32_t pad_tiles = (padded - info.entries) * fattn__ceil_div(t->pad_q_len, FATTN__Q_TILE);
   ctx->step = (fattn__step){1,
                             (uint32_t)b->mode,
-                            info.entries,
-                            info.q_tokens,
+                            padded,
+                            info.q_tokens + (padded - info.entries) * t->pad_q_len,
                             info.new_tokens,
-                            info.tiles,
+                            info.tiles + pad_tiles,
                             (fattn__step_hdr *)area,
                             (fattn__entry *)(area + fattn__area_entries_off()),
                             (uint64_t *)(area + fattn__area_mask_off(area_cap))};

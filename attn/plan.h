@@ -9,8 +9,9 @@
  * or a graph bucket's static area of at most cap_entries entries. */
 typedef struct fattn__plan_target {
   uint8_t *dst;          /* device area laid out as [hdr][entries][mask rows], or NULL */
-  uint32_t cap_entries;  /* entries the area holds (0: the eager inbox's max) */
-  uint32_t cap_mask_rows;
+  uint32_t cap_entries;  /* entries the area holds (0: the eager inbox's max); a graph's
+                            batch is padded to it with entries that see nothing */
+  uint32_t pad_q_len;    /* query tokens of a padding entry (its rows come out as zeros) */
 } fattn__plan_target;
 
 /* Offsets inside a [hdr][entries][mask] area of cap_entries entries. */

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "attn/backend.h"
+#include "graph/graph.h"
 #include "lib/internal.h"
 
 #define FAIL(st, ...) fattn__failbuf(detail, detail_len, (st), __VA_ARGS__)
@@ -60,6 +61,7 @@ static fattn_status open_device(const fattn__norm *n, uint32_t *num_sms, char *d
 
 static void release(fattn_ctx *ctx) {
   int gpu = !ctx->n.on_cpu;
+  fattn__graphs_close(ctx);
   for (uint32_t i = 0; ctx->events && i < ctx->n.staging_slots; i++)
     if (ctx->events[i]) cudaEventDestroy((cudaEvent_t)ctx->events[i]);
   fattn__heap_close(ctx->heap);
@@ -159,7 +161,7 @@ fattn_status fattn_create(const fattn_config *cfg, const fattn_model *model, fat
   if ((st = take_memory(&n, &lay, &r, &ctx, detail, detail_len))) return st;
   ctx->num_sms = sms;
   if ((st = copy_model(ctx, model, detail, detail_len)) || (st = choose_backends(ctx, detail, detail_len)) ||
-      (st = fattn__pages_init(ctx))) {
+      (st = fattn__pages_init(ctx)) || (st = fattn__graphs_init(ctx))) {
     if (st == FATTN_ERR_NOMEM && detail && detail_len && !detail[0])
       FAIL(st, "host tables: the pinned slab's heap is too small");
     release(ctx);

@@ -47,7 +47,6 @@ typedef struct fattn__layout {
   uint32_t cap_words;
   uint64_t slot_off_entries, slot_off_mask, slot_off_updates, slot_off_copies, slot_off_words;
   uint64_t slot_bytes;
-  uint64_t graph_area_bytes[FATTN_MODE_COUNT + 1]; /* per bucket area, 0 if mode has none */
   /* pinned slab: [ctx][staging ring][heap served to jemalloc] */
   uint64_t pin_off_ring;
   uint64_t pin_off_heap;
@@ -58,6 +57,8 @@ fattn_status fattn__normalize(const fattn_config *cfg, const fattn_model *model,
                               fattn__norm *out, char *detail, size_t detail_len);
 fattn_status fattn__layout_compute(const fattn__norm *n, fattn__layout *lay,
                                    fattn_memory_report *report, char *detail, size_t detail_len);
+/* Bytes of one graph's static area for a bucket of the given requests. */
+uint64_t fattn__graph_area_bytes(const fattn__norm *n, fattn_mode mode, uint32_t requests);
 
 /* A sequence of the page allocator. */
 typedef struct fattn__seq {
@@ -110,6 +111,13 @@ typedef struct fattn__step {
 
 typedef struct fattn__heap fattn__heap;
 
+/* A captured graph of one (mode, bucket) and the static metadata area it reads. */
+typedef struct fattn__graph_slot {
+  void *exec;        /* cudaGraphExec_t, NULL until captured */
+  uint8_t *area;     /* [hdr][entries][mask rows] in the graph region */
+  uint32_t requests; /* the bucket */
+} fattn__graph_slot;
+
 struct fattn_ctx {
   fattn__norm n;
   fattn__layout lay;
@@ -131,6 +139,7 @@ struct fattn_ctx {
   uint64_t steps_planned;
   uint32_t plan_stamp;
   fattn__step step;
+  fattn__graph_slot *graphs; /* [FATTN_MODE_COUNT + 1][num_buckets] */
   char detail[FATTN__DETAIL_LEN];
 };
 
