@@ -55,7 +55,7 @@ typedef struct fattn__step_hdr {
   uint32_t num_pt_updates; /* page-table updates in this slot (see fattn__pt_update) */
   uint32_t num_page_copies; /* copy-on-write copies in this slot */
   uint32_t num_mask_rows;
-  uint32_t num_live;      /* entries before graph padding; the split policy counts these */
+  uint32_t num_live;      /* entries before graph padding (0: all); the split policy counts these */
   uint32_t reserved;
 } fattn__step_hdr;
 
@@ -81,7 +81,7 @@ FATTN__HD uint32_t fattn__splits_for(const fattn__step_hdr *h, uint32_t kv_len,
                                       uint32_t q_len) {
   if (h->mode != 2u && h->mode != 3u && h->mode != 4u) /* DECODE, TARGET_VERIFY, DRAFT_DECODE */
     return 1u;
-  uint32_t per_entry = h->num_live * h->num_kv_heads;
+  uint32_t per_entry = (h->num_live ? h->num_live : h->num_entries) * h->num_kv_heads;
   if (per_entry == 0u) return 1u;
   uint32_t want = fattn__ceil_div(h->target_ctas, per_entry);
   uint32_t by_len = kv_len / FATTN__SPLIT_MIN_KV;
