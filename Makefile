@@ -51,7 +51,7 @@ WRAP_FLAGS := $(foreach f,$(WRAPPED),-Wl,--wrap=$(f))
 STATIC_DEPS := -Wl,-Bstatic -ljemalloc -lcheck -lsubunit -Wl,-Bdynamic
 CUDA_LIBS   := -L$(CUDA)/lib64 $(CUDA)/lib64/libcudart_static.a -lcurand
 SYS_LIBS    := -lstdc++ -lm -lpthread -ldl -lrt
-LINK_TEST = $(CC) $(CFLAGS) -o $@ $^ $(WRAP_FLAGS) $(STATIC_DEPS) $(CUDA_LIBS) $(SYS_LIBS)
+LINK_TEST = @echo '  LD    $@'; $(CC) $(CFLAGS) -o $@ $^ $(WRAP_FLAGS) $(STATIC_DEPS) $(CUDA_LIBS) $(SYS_LIBS)
 
 .PHONY: all deps run test cpu-test gpu-test gpu-sanitize asan fuzz fuzz-replay bench clean
 .DEFAULT_GOAL := all
@@ -64,30 +64,36 @@ deps:
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -c $< -o $@
+	@echo '  CC    $<'
+	@$(CC) $(ALL_CFLAGS) -c $< -o $@
 
 $(BUILD)/obj/attn/fa3/%.cu.o: attn/fa3/%.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(ALL_NVCCFLAGS) $(call gencode,$(HOPPER_ARCHS)) -c $< -o $@
+	@echo '  NVCC  $< (sm_90a)'
+	@$(NVCC) $(ALL_NVCCFLAGS) $(call gencode,$(HOPPER_ARCHS)) -c $< -o $@
 
 $(BUILD)/obj/attn/fa4/%.cu.o: attn/fa4/%.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(ALL_NVCCFLAGS) $(call gencode,$(HOPPER_ARCHS)) -c $< -o $@
+	@echo '  NVCC  $< (sm_90a)'
+	@$(NVCC) $(ALL_NVCCFLAGS) $(call gencode,$(HOPPER_ARCHS)) -c $< -o $@
 
 $(BUILD)/obj/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(ALL_NVCCFLAGS) $(call gencode,$(CUDA_ARCHS)) -c $< -o $@
+	@echo '  NVCC  $<'
+	@$(NVCC) $(ALL_NVCCFLAGS) $(call gencode,$(CUDA_ARCHS)) -c $< -o $@
 
 $(BUILD)/libfattn.a: $(LIB_OBJS)
 	@rm -f $@
-	ar rcs $@ $^
+	@echo '  AR    $@'
+	@ar rcs $@ $^
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(SUPPORT_OBJS) $(BUILD)/libfattn.a
 	@mkdir -p $(dir $@)
-	$(LINK_TEST)
+	@$(LINK_TEST)
 
 $(BUILD)/fattn-bench: $(BENCH_C:%.c=$(BUILD)/obj/%.o) $(BENCH_CU:%.cu=$(BUILD)/obj/%.cu.o) $(BUILD)/libfattn.a
-	$(CC) $(CFLAGS) -o $@ $^ -Wl,-Bstatic -ljemalloc -Wl,-Bdynamic $(CUDA_LIBS) $(SYS_LIBS)
+	@echo '  LD    $@'
+	@$(CC) $(CFLAGS) -o $@ $^ -Wl,-Bstatic -ljemalloc -Wl,-Bdynamic $(CUDA_LIBS) $(SYS_LIBS)
 
 # Every suite; GPU suites skip themselves (one line each, counted) without a device.
 test: all
@@ -119,16 +125,19 @@ ASAN_TESTS := $(patsubst tests/%.c,$(BUILD)/asan/tests/%,$(sort $(wildcard tests
 
 $(BUILD)/asan/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) $(ASAN_FLAGS) -c $< -o $@
+	@echo '  CC    $< (asan)'
+	@$(CC) $(ALL_CFLAGS) $(ASAN_FLAGS) -c $< -o $@
 
 $(BUILD)/asan/libfattn.a: $(ASAN_LIB_OBJS)
 	@rm -f $@
-	ar rcs $@ $^
+	@echo '  AR    $@'
+	@ar rcs $@ $^
 
 # jemalloc is linked dynamically here so that ASan's allocator keeps malloc.
 $(BUILD)/asan/tests/%: $(BUILD)/asan/tests/%.o $(SUPPORT_C:%.c=$(BUILD)/asan/%.o) $(SUPPORT_CU:%.cu=$(BUILD)/obj/%.cu.o) $(BUILD)/asan/libfattn.a
 	@mkdir -p $(dir $@)
-	$(CC) $(ASAN_FLAGS) -o $@ $^ $(WRAP_FLAGS) -ljemalloc -Wl,-Bstatic -lcheck -lsubunit -Wl,-Bdynamic $(CUDA_LIBS) $(SYS_LIBS)
+	@echo '  LD    $@'
+	@$(CC) $(ASAN_FLAGS) -o $@ $^ $(WRAP_FLAGS) -ljemalloc -Wl,-Bstatic -lcheck -lsubunit -Wl,-Bdynamic $(CUDA_LIBS) $(SYS_LIBS)
 
 asan: deps $(ASAN_TESTS)
 	@ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1:abort_on_error=1 \
@@ -143,11 +152,13 @@ endif
 
 $(BUILD)/fuzzobj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CLANG) -std=c11 -D_GNU_SOURCE $(CWARN) $(INCLUDES) $(FUZZ_FLAGS) -c $< -o $@
+	@echo '  CLANG $<'
+	@$(CLANG) -std=c11 -D_GNU_SOURCE $(CWARN) $(INCLUDES) $(FUZZ_FLAGS) -c $< -o $@
 
 $(BUILD)/fuzz/%: $(BUILD)/fuzzobj/fuzz/%.o $(FUZZ_LIB_OBJS)
 	@mkdir -p $(dir $@)
-	$(CLANG) -fsanitize=fuzzer,address,undefined -o $@ $^ -ljemalloc $(CUDA_LIBS) $(SYS_LIBS)
+	@echo '  LD    $@'
+	@$(CLANG) -fsanitize=fuzzer,address,undefined -o $@ $^ -ljemalloc $(CUDA_LIBS) $(SYS_LIBS)
 
 fuzz: deps $(FUZZERS:%=$(BUILD)/fuzz/%)
 	@bash fuzz/run.sh $(FUZZ_SECONDS) $(FUZZERS)
