@@ -53,8 +53,9 @@ void fattn_bench_print_plan(const fattn_memory_report *r, FILE *out) {
 static void usage(void) {
   fprintf(stderr,
           "usage: fattn-bench COMMAND [options]\n"
-          "  run [--steps N]   memory plan of Llama-3.1-8B and a simulated scheduler\n"
-          "  plan              host time of fattn_plan at bs 1, 64, 256\n");
+          "  run [--steps N]   memory plan, a simulated scheduler, checked CPU steps, then serve\n"
+          "  plan              host time of fattn_plan at bs 1, 64, 256\n"
+          "  serve             the serving-step benchmark (prefill, decode eager/graph, speculative round)\n");
 }
 
 int main(int argc, char **argv) {
@@ -64,6 +65,7 @@ int main(int argc, char **argv) {
   }
   if (strcmp(argv[1], "run") == 0) return fattn_bench_run(argc - 1, argv + 1);
   if (strcmp(argv[1], "plan") == 0) return fattn_bench_plan(argc - 1, argv + 1);
+  if (strcmp(argv[1], "serve") == 0) return fattn_bench_serve(argc - 1, argv + 1);
   usage();
   return 2;
 }

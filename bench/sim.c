@@ -1,5 +1,5 @@
-/* sim.c: `fattn-bench run`. Prints the Llama-3.1-8B memory plan, then drives a simulated
- * scheduler (arrivals, growth, forks, truncations, finishes) through the page allocator and planner. */
+/* sim.c: `fattn-bench run`. Prints the Llama-3.1-8B memory plan, drives a simulated scheduler
+ * (arrivals, growth, forks, truncations, finishes) through the allocator and planner, then serves. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -170,5 +170,7 @@ int fattn_bench_run(int argc, char **argv) {
   printf("final check: %s, pages free %u / %u\n", fattn_status_name(chk), st.pages_free, st.pages_total);
   fattn_destroy(s.ctx, 0);
   if (chk != FATTN_OK || st.pages_free != st.pages_total) return 1;
-  return fattn_bench_steps();
+  if (fattn_bench_steps()) return 1;
+  printf("\n");
+  return fattn_bench_serve(0, NULL);
 }
