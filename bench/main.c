@@ -55,7 +55,9 @@ static void usage(void) {
           "usage: fattn-bench COMMAND [options]\n"
           "  run [--steps N]   memory plan, a simulated scheduler, checked CPU steps, then serve\n"
           "  plan              host time of fattn_plan at bs 1, 64, 256\n"
-          "  serve             the serving-step benchmark (prefill, decode eager/graph, speculative round)\n");
+          "  serve             the serving-step benchmark (prefill, decode eager/graph, speculative round)\n"
+          "  decode            decode attention against a pure-read roofline (GPU)\n"
+          "  prefill           prefill attention, the FA3 paper's shapes (GPU)\n");
 }
 
 int main(int argc, char **argv) {
@@ -66,6 +68,8 @@ int main(int argc, char **argv) {
   if (strcmp(argv[1], "run") == 0) return fattn_bench_run(argc - 1, argv + 1);
   if (strcmp(argv[1], "plan") == 0) return fattn_bench_plan(argc - 1, argv + 1);
   if (strcmp(argv[1], "serve") == 0) return fattn_bench_serve(argc - 1, argv + 1);
+  if (strcmp(argv[1], "decode") == 0) return fattn_bench_decode(argc - 1, argv + 1);
+  if (strcmp(argv[1], "prefill") == 0) return fattn_bench_prefill(argc - 1, argv + 1);
   usage();
   return 2;
 }

@@ -1,0 +1,176 @@
+/* kernels.c: `fattn-bench decode` and `fattn-bench prefill`. Times fattn_attend on paged KV
+ * filled with random data, beside a pure-read kernel over the same pages (the roofline). */
+#include <cuda_runtime_api.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench/bench.h"
+#include "lib/internal.h"
+#include "tests/support_gpu.h"
+
+int fattn_bench_read_pages(const fattn__layer_params *l, const fattn__step_params *s, uint32_t entries,
+                           float *sink, void *stream);
+
+typedef struct kshape {
+  fattn_mode mode;
+  uint32_t bs, q_len, kv_len, page, hq, hkv, d;
+  fattn_dtype kv_dtype;
+} kshape;
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static void fail(const char *what, const char *why) {
+  fprintf(stderr, "%s: %s\n", what, why);
+  exit(1);
+}
+
+/* A one-layer context holding bs sequences of kv_len slots whose pages interleave (grown a
+ * page at a time, round robin), with random K and V. */
+static fattn_ctx *make_ctx(const kshape *k, uint32_t *ids) {
+  fattn_config c = FATTN_CONFIG_INIT;
+  fattn_model m = FATTN_MODEL_INIT;
+  m.num_layers = 1, m.num_q_heads = k->hq, m.num_kv_heads = k->hkv, m.head_dim = k->d;
+  c.device = 0;
+  c.kv_dtype = k->kv_dtype;
+  c.page_size = k->page;
+  c.max_batch = k->bs;
+  c.max_seq_len = k->kv_len;
+  c.kv_budget_pages = (uint32_t)((uint64_t)k->bs * ((k->kv_len + k->page - 1) / k->page) + 1);
+  c.max_q_tokens = k->bs * k->q_len;
+  c.max_encoder_len = k->mode == FATTN_MODE_CROSS ? k->kv_len : 0;
+  if (k->mode == FATTN_MODE_TARGET_VERIFY) c.spec_topk = 1, c.spec_steps = 1, c.spec_draft_tokens = k->q_len;
+  char detail[256];
+  fattn_ctx *ctx;
+  if (fattn_create(&c, &m, &ctx, detail, sizeof detail)) fail("fattn_create", detail);
+  for (uint32_t i = 0; i < k->bs; i++) fattn_seq_open(ctx, &ids[i]);
+  for (uint32_t len = k->page; len < k->kv_len + k->page; len += k->page)
+    for (uint32_t i = 0; i < k->bs; i++)
+      if (fattn_seq_reserve(ctx, ids[i], len < k->kv_len ? len : k->kv_len)) fail("reserve", fattn_detail(ctx));
+  fattn__layer_params l = fattn__layer_params_for(ctx, 0);
+  size_t n = (size_t)l.num_pages * l.page_size * l.num_kv_heads * l.head_dim;
+  if (fattn_test_gpu_randn(l.k_pool, n, k->kv_dtype, 1.0f, 11) || fattn_test_gpu_randn(l.v_pool, n, k->kv_dtype, 1.0f, 12))
+    fail("fill", "cuRAND");
+  return ctx;
+}
+
+static double median_ms(double *t, int n) {
+  qsort(t, (size_t)n, sizeof *t, cmp_double);
+  return t[n / 2];
+}
+
+/* Times fn-like work: 3 warm-ups, then the median of 21 event-timed runs. which 0: attend,
+ * 1: the pure-read kernel over the same pages. */
+static double time_it(fattn_ctx *ctx, int which, const void *q, void *out, uint32_t entries, float *sink) {
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  fattn__layer_params l = fattn__layer_params_for(ctx, 0);
+  fattn__step_params s;
+  memset(&s, 0, sizeof s);
+  s.hdr = ctx->step.hdr, s.entries = ctx->step.entries, s.cap_entries = entries;
+  double t[21];
+  for (int r = -3; r < 21; r++) {
+    cudaEventRecord(a, 0);
+    int e = which ? fattn_bench_read_pages(&l, &s, entries, sink, NULL)
+                  : (int)fattn_attend(ctx, 0, q, out, NULL, NULL);
+    cudaEventRecord(b, 0);
+    cudaEventSynchronize(b);
+    if (e) fail("timed call", which ? "read kernel" : fattn_detail(ctx));
+    float ms;
+    cudaEventElapsedTime(&ms, a, b);
+    if (r >= 0) t[r] = ms;
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return median_ms(t, 21);
+}
+
+static void run_shape(const kshape *k, FILE *csv) {
+  uint32_t *ids = malloc(k->bs * sizeof *ids), *q_lens = malloc(k->bs * sizeof *q_lens);
+  fattn_ctx *ctx = make_ctx(k, ids);
+  for (uint32_t i = 0; i < k->bs; i++) q_lens[i] = k->q_len;
+  fattn_batch b = FATTN_BATCH_INIT;
+  b.mode = k->mode, b.num_seqs = k->bs, b.seq_ids = ids, b.q_lens = q_lens;
+  uint32_t qn = k->bs * k->q_len;
+  void *q, *out;
+  float *sink;
+  cudaMalloc(&q, (size_t)qn * k->hq * k->d * 2);
+  cudaMalloc(&out, (size_t)qn * k->hq * k->d * 2);
+  cudaMalloc((void **)&sink, 1 << 20);
+  fattn_test_gpu_randn(q, (size_t)qn * k->hq * k->d, FATTN_DTYPE_BF16, 1.0f, 13);
+  if (fattn_plan(ctx, &b, NULL)) fail("fattn_plan", fattn_detail(ctx));
+  double ms = time_it(ctx, 0, q, out, k->bs, sink), read_ms = time_it(ctx, 1, q, out, k->bs, sink);
+  double elem = k->kv_dtype == FATTN_DTYPE_FP8_E4M3 ? 1 : 2;
+  double bytes = (double)k->bs * k->kv_len * k->hkv * k->d * 2 * elem;
+  double flops = 4.0 * k->bs * k->hq * k->q_len * (double)k->kv_len * k->d;
+  if (k->mode == FATTN_MODE_PREFILL) flops /= 2;
+  const char *mode = k->mode == FATTN_MODE_DECODE ? "decode" : k->mode == FATTN_MODE_TARGET_VERIFY ? "verify"
+                     : k->mode == FATTN_MODE_PREFILL ? "causal" : "noncausal";
+  const char *dt = k->kv_dtype == FATTN_DTYPE_FP8_E4M3 ? "fp8" : "bf16";
+  printf("%-9s %4u %6u %6u %4u %3u/%-2u %4u %-4s %9.4f %8.1f %8.1f %6.3f %8.1f\n", mode, k->bs, k->q_len, k->kv_len,
+         k->page, k->hq, k->hkv, k->d, dt, ms, bytes / ms / 1e6, bytes / read_ms / 1e6, read_ms / ms,
+         flops / ms / 1e9);
+  fprintf(csv, "%s,%u,%u,%u,%u,%u,%u,%u,%s,%.6f,%.2f,%.2f,%.2f\n", mode, k->bs, k->q_len, k->kv_len, k->page, k->hq,
+          k->hkv, k->d, dt, ms, bytes / ms / 1e6, bytes / read_ms / 1e6, flops / ms / 1e9);
+  fflush(stdout);
+  cudaFree(q), cudaFree(out), cudaFree(sink);
+  fattn_destroy(ctx, 1);
+  free(ids), free(q_lens);
+}
+
+static void header(void) {
+  printf("%-9s %4s %6s %6s %4s %6s %4s %-4s %9s %8s %8s %6s %8s\n", "mode", "bs", "q", "kv", "page", "heads", "d",
+         "kv", "ms", "GB/s", "read", "frac", "TFLOP/s");
+}
+
+int fattn_bench_decode(int argc, char **argv) {
+  (void)argc, (void)argv;
+  if (!fattn_bench_has_gpu()) fail("fattn-bench decode", "needs a CUDA device");
+  static const kshape shapes[] = {
+      {FATTN_MODE_DECODE, 64, 1, 4096, 16, 32, 8, 128, FATTN_DTYPE_BF16},
+      {FATTN_MODE_DECODE, 64, 1, 4096, 128, 32, 8, 128, FATTN_DTYPE_BF16},
+      {FATTN_MODE_DECODE, 128, 1, 8192, 16, 32, 8, 128, FATTN_DTYPE_BF16},
+      {FATTN_MODE_DECODE, 128, 1, 8192, 128, 32, 8, 128, FATTN_DTYPE_BF16},
+      {FATTN_MODE_DECODE, 1, 1, 32768, 16, 32, 8, 128, FATTN_DTYPE_BF16},
+      {FATTN_MODE_DECODE, 1, 1, 32768, 128, 32, 8, 128, FATTN_DTYPE_BF16},
+      {FATTN_MODE_DECODE, 64, 1, 4096, 1, 32, 8, 128, FATTN_DTYPE_BF16},
+      {FATTN_MODE_DECODE, 64, 1, 4096, 16, 32, 8, 128, FATTN_DTYPE_FP8_E4M3},
+      {FATTN_MODE_DECODE, 128, 1, 8192, 16, 32, 8, 128, FATTN_DTYPE_FP8_E4M3},
+      {FATTN_MODE_TARGET_VERIFY, 64, 8, 4096, 16, 32, 8, 128, FATTN_DTYPE_BF16},
+  };
+  FILE *csv = fopen("build/decode.csv", "w");
+  if (!csv) fail("build/decode.csv", "cannot write");
+  fprintf(csv, "mode,bs,q,kv,page,hq,hkv,d,kv_dtype,ms,gbps,read_gbps,tflops\n");
+  printf("fattn decode attention (Llama-3.1-8B heads), one layer, median of 21; read = pure-read kernel over the same pages\n");
+  header();
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) run_shape(&shapes[i], csv);
+  fclose(csv);
+  printf("csv: build/decode.csv\n");
+  return 0;
+}
+
+/* The FA3 paper's setup: 16k tokens a batch, hidden 2048, bf16, causal and non-causal. */
+int fattn_bench_prefill(int argc, char **argv) {
+  (void)argc, (void)argv;
+  if (!fattn_bench_has_gpu()) fail("fattn-bench prefill", "needs a CUDA device");
+  FILE *csv = fopen("build/prefill.csv", "w");
+  if (!csv) fail("build/prefill.csv", "cannot write");
+  fprintf(csv, "mode,bs,q,kv,page,hq,hkv,d,kv_dtype,ms,gbps,read_gbps,tflops\n");
+  printf("fattn prefill attention (FA3 paper setup: 16k tokens, hidden 2048), page 128, median of 21\n");
+  header();
+  static const uint32_t dims[3] = {64, 128, 256}, lens[6] = {512, 1024, 2048, 4096, 8192, 16384};
+  for (int di = 0; di < 3; di++)
+    for (int li = 0; li < 6; li++)
+      for (int causal = 1; causal >= 0; causal--) {
+        uint32_t len = lens[li], h = 2048 / dims[di];
+        kshape k = {causal ? FATTN_MODE_PREFILL : FATTN_MODE_CROSS, 16384 / len, len, len, 128, h, h, dims[di],
+                    FATTN_DTYPE_BF16};
+        run_shape(&k, csv);
+      }
+  fclose(csv);
+  printf("csv: build/prefill.csv\n");
+  return 0;
+}

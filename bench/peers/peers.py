@@ -1,0 +1,129 @@
+# peers.py: times peer attention (PyTorch SDPA's cuDNN and FlashAttention-2 backends,
+# FlexAttention) on the shapes of `fattn-bench decode` / `prefill`, on the GPU machine only.
+# Usage: python3 bench/peers/peers.py [decode|prefill|all]  (reads build/*.csv for ratios)
+import csv
+import os
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+try:
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    FLEX = torch.compile(flex_attention, dynamic=False)
+except Exception:  # flex attention is optional
+    FLEX = None
+
+BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "fa2": SDPBackend.FLASH_ATTENTION}
+
+
+def median_ms(fn, runs=21, warmup=3):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(runs):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def sdpa(name, q, k, v, causal):
+    def run():
+        with sdpa_kernel(BACKENDS[name]):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1])
+    return run
+
+
+def flex(q, k, v, causal):
+    if FLEX is None:
+        return None
+    mask = None
+    if causal:
+        mask = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, q.shape[2], k.shape[2])
+    return lambda: FLEX(q, k, v, block_mask=mask, enable_gqa=k.shape[1] != q.shape[1])
+
+
+def try_time(fn):
+    if fn is None:
+        return None
+    try:
+        return median_ms(fn)
+    except Exception as e:  # a backend that rejects the shape reports n/a
+        print(f"    ({type(e).__name__}: {str(e).splitlines()[0][:80]})")
+        return None
+
+
+def read_csv(path):
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return {(r["mode"], int(r["bs"]), int(r["kv"]), int(r["d"]), r["kv_dtype"], int(r["page"])): r
+                for r in csv.DictReader(f)}
+
+
+def fmt(x, scale=1.0):
+    return f"{x * scale:8.1f}" if x else "     n/a"
+
+
+def decode():
+    ours = read_csv("build/decode.csv")
+    print("decode, Llama-3.1-8B heads (32 q / 8 kv, d 128), bf16, contiguous KV; GB/s of K+V read")
+    print(f"{'bs':>4} {'kv':>6} {'cudnn':>8} {'fa2':>8} {'flex':>8} {'fattn16':>8} {'fattn128':>9} {'/cudnn':>7}")
+    for bs, kv in [(64, 4096), (128, 8192), (1, 32768)]:
+        q = torch.randn(bs, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(bs, 8, kv, 128, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        gb = bs * kv * 8 * 128 * 2 * 2 / 1e9
+        t = {n: try_time(sdpa(n, q, k, v, False)) for n in BACKENDS}
+        t["flex"] = try_time(flex(q, k, v, False))
+        rate = {n: (gb / (ms / 1e3) if ms else None) for n, ms in t.items()}
+        f16 = ours.get(("decode", bs, kv, 128, "bf16", 16))
+        f128 = ours.get(("decode", bs, kv, 128, "bf16", 128))
+        r16 = float(f16["gbps"]) if f16 else None
+        r128 = float(f128["gbps"]) if f128 else None
+        ratio = f"{r16 / rate['cudnn']:7.2f}" if r16 and rate["cudnn"] else "    n/a"
+        print(f"{bs:4} {kv:6} {fmt(rate['cudnn'])} {fmt(rate['fa2'])} {fmt(rate['flex'])} {fmt(r16)} {fmt(r128):>9} {ratio}")
+        del q, k, v
+        torch.cuda.empty_cache()
+
+
+def prefill():
+    ours = read_csv("build/prefill.csv")
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn_like(a)
+    gemm = 2 * 8192**3 / (median_ms(lambda: a @ b) / 1e3) / 1e12
+    del a, b
+    print(f"prefill, FA3 paper setup (16k tokens, hidden 2048), bf16, TFLOP/s; cuBLAS bf16 GEMM 8192^3: {gemm:.0f}")
+    print(f"{'d':>4} {'seq':>6} {'causal':>6} {'cudnn':>8} {'fa2':>8} {'flex':>8} {'fattn':>8} {'/cudnn':>7}")
+    for d in (64, 128, 256):
+        for seq in (512, 1024, 2048, 4096, 8192, 16384):
+            bs, h = 16384 // seq, 2048 // d
+            q = torch.randn(bs, h, seq, d, device="cuda", dtype=torch.bfloat16)
+            k, v = torch.randn_like(q), torch.randn_like(q)
+            for causal in (True, False):
+                flops = 4 * bs * h * seq * seq * d / (2 if causal else 1)
+                t = {n: try_time(sdpa(n, q, k, v, causal)) for n in BACKENDS}
+                t["flex"] = try_time(flex(q, k, v, causal))
+                rate = {n: (flops / (ms / 1e3) / 1e12 if ms else None) for n, ms in t.items()}
+                mine = ours.get(("causal" if causal else "noncausal", bs, seq, d, "bf16", 128))
+                f = float(mine["tflops"]) if mine else None
+                ratio = f"{f / rate['cudnn']:7.2f}" if f and rate["cudnn"] else "    n/a"
+                print(f"{d:4} {seq:6} {str(causal):>6} {fmt(rate['cudnn'])} {fmt(rate['fa2'])} {fmt(rate['flex'])} {fmt(f)} {ratio}")
+            del q, k, v
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    what = sys.argv[1] if len(sys.argv) > 1 else "all"
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, "cudnn", torch.backends.cudnn.version())
+    if what in ("decode", "all"):
+        decode()
+    if what in ("prefill", "all"):
+        prefill()
