@@ -34,6 +34,7 @@ typedef struct fattn__layer_params {
 /* The planned step as the kernels see it. Counts live in *hdr (device memory on the GPU),
  * so a captured graph replays any batch; cap_* only size the grid. */
 typedef struct fattn__step_params {
+  uint32_t mode;                /* fattn_mode, on the host too: kernel choice may depend on it */
   const fattn__step_hdr *hdr;
   const fattn__entry *entries;  /* [hdr->num_entries] */
   const uint64_t *mask;         /* tree-mask rows, indexed by entry.mask_row + query */

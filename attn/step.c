@@ -16,6 +16,7 @@ static fattn_status check_call(fattn_ctx *ctx, uint32_t layer, const char *call)
 static fattn__step_params step_params(fattn_ctx *ctx) {
   const fattn__step *st = &ctx->step;
   fattn__step_params s;
+  s.mode = st->mode;
   s.hdr = st->hdr;
   s.entries = st->entries;
   s.mask = st->mask;

@@ -1,0 +1,190 @@
+/* gpu_graph.c: CUDA graphs for DECODE, DRAFT_DECODE, TARGET_VERIFY and DRAFT_EXTEND. Replay
+ * equals eager execution bit for bit; plan + launch make no forbidden call; bad captures fail. */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "tests/support.h"
+#include "tests/support_gpu.h"
+
+enum { LAYERS = 2, HQ = 8, HKV = 2, D = 128, MAXB = 16, TOPK = 2, DRAFT = 4, CAP = 128 };
+
+typedef struct rig {
+  fattn_ctx *ctx;
+  cudaStream_t stream;
+  void *q, *k, *v, *out; /* [CAP, heads, D] bf16 */
+  float *lse;            /* [CAP, HQ] */
+  int sync_inside, malloc_inside;
+} rig;
+
+static char detail[256];
+
+static void layers(void *user, void *stream) {
+  rig *r = user;
+  for (uint32_t l = 0; l < LAYERS; l++) {
+    fattn_store_kv(r->ctx, l, r->k, r->v, stream);
+    fattn_attend(r->ctx, l, r->q, r->out, r->lse, stream);
+  }
+  if (r->sync_inside) cudaStreamSynchronize((cudaStream_t)stream);
+  if (r->malloc_inside) {
+    void *p = NULL;
+    if (cudaMalloc(&p, 1 << 20) == cudaSuccess) cudaFree(p);
+  }
+}
+
+static void open_rig(rig *r) {
+  memset(r, 0, sizeof *r);
+  fattn_config c;
+  fattn_model m;
+  fattn_test_small(&c, &m);
+  m.num_layers = LAYERS, m.num_q_heads = HQ, m.num_kv_heads = HKV, m.head_dim = D;
+  c.device = 0;
+  c.page_size = 16;
+  c.kv_budget_pages = 4096;
+  c.max_batch = MAXB;
+  c.max_seqs = MAXB * (1 + TOPK);
+  c.max_seq_len = 2048;
+  c.max_q_tokens = CAP;
+  c.spec_topk = TOPK, c.spec_steps = 2, c.spec_draft_tokens = DRAFT;
+  c.graph_modes = (1u << FATTN_MODE_DECODE) | (1u << FATTN_MODE_DRAFT_DECODE) | (1u << FATTN_MODE_TARGET_VERIFY) |
+                  (1u << FATTN_MODE_DRAFT_EXTEND);
+  ck_assert_msg(fattn_create(&c, &m, &r->ctx, detail, sizeof detail) == FATTN_OK, "%s", detail);
+  ck_assert_int_eq(cudaStreamCreateWithFlags(&r->stream, cudaStreamNonBlocking), cudaSuccess);
+  ck_assert_int_eq(cudaMalloc(&r->q, (size_t)CAP * HQ * D * 2), cudaSuccess);
+  ck_assert_int_eq(cudaMalloc(&r->out, (size_t)CAP * HQ * D * 2), cudaSuccess);
+  ck_assert_int_eq(cudaMalloc(&r->k, (size_t)CAP * HKV * D * 2), cudaSuccess);
+  ck_assert_int_eq(cudaMalloc(&r->v, (size_t)CAP * HKV * D * 2), cudaSuccess);
+  ck_assert_int_eq(cudaMalloc((void **)&r->lse, (size_t)CAP * HQ * 4), cudaSuccess);
+}
+
+static void close_rig(rig *r) {
+  ck_assert_ok(fattn_destroy(r->ctx, 1));
+  cudaFree(r->q), cudaFree(r->out), cudaFree(r->k), cudaFree(r->v), cudaFree(r->lse);
+  cudaStreamDestroy(r->stream);
+}
+
+static uint32_t rnd(uint64_t *s, uint32_t n) {
+  *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+  return (uint32_t)(*s >> 33) % n;
+}
+
+/* A random batch of mode with its sequences; returns the query tokens. */
+static uint32_t make_batch(rig *r, fattn_mode mode, uint64_t *seed, fattn_batch *b, uint32_t *ids, uint32_t *q,
+                           uint64_t *mask, uint32_t *opened) {
+  uint32_t reqs = 1 + rnd(seed, MAXB), n = 0, tokens = 0;
+  *opened = 0;
+  for (uint32_t i = 0; i < reqs; i++) {
+    uint32_t parent, len = 1 + rnd(seed, 1500);
+    ck_assert_ok(fattn_seq_open(r->ctx, &parent));
+    ck_assert_ok(fattn_seq_reserve(r->ctx, parent, len));
+    ids[(*opened)++ + 64] = parent; /* remembered for closing, past the batch's ids */
+    if (mode == FATTN_MODE_DRAFT_DECODE) {
+      for (uint32_t k = 0; k < TOPK; k++, n++) {
+        ck_assert_ok(fattn_seq_fork(r->ctx, parent, len, &ids[n]));
+        ck_assert_ok(fattn_seq_reserve(r->ctx, ids[n], len + 1));
+        ids[(*opened)++ + 64] = ids[n];
+        q[n] = 1;
+      }
+      continue;
+    }
+    q[n] = mode == FATTN_MODE_DECODE ? 1 : mode == FATTN_MODE_TARGET_VERIFY ? DRAFT : 1 + rnd(seed, DRAFT + 1);
+    ck_assert_ok(fattn_seq_reserve(r->ctx, parent, len + q[n]));
+    ids[n++] = parent;
+  }
+  for (uint32_t i = 0; i < n; i++) tokens += q[i];
+  for (uint32_t i = 0; i < reqs * DRAFT; i++) /* a random tree: a row sees itself and its parent's row */
+    mask[i] = (1ull << (i % DRAFT)) | (i % DRAFT ? mask[i - i % DRAFT + rnd(seed, i % DRAFT)] : 0);
+  fattn_batch x = FATTN_BATCH_INIT;
+  x.mode = mode;
+  x.num_seqs = reqs;
+  x.seq_ids = ids;
+  x.q_lens = q;
+  x.tree_mask = mode == FATTN_MODE_TARGET_VERIFY ? mask : NULL;
+  *b = x;
+  return tokens;
+}
+
+static void read_out(rig *r, uint16_t *out, float *lse, uint32_t tokens) {
+  ck_assert_int_eq(cudaStreamSynchronize(r->stream), cudaSuccess);
+  ck_assert_int_eq(cudaMemcpy(out, r->out, (size_t)tokens * HQ * D * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  ck_assert_int_eq(cudaMemcpy(lse, r->lse, (size_t)tokens * HQ * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+}
+
+/* 50 replays a mode with random batch sizes and lengths: graph output equals eager bit for
+ * bit, padding rows come out as zeros, and plan + launch make no forbidden call. */
+START_TEST(replay_equals_eager_every_mode) {
+  rig r;
+  open_rig(&r);
+  const fattn_mode modes[4] = {FATTN_MODE_DECODE, FATTN_MODE_DRAFT_DECODE, FATTN_MODE_TARGET_VERIFY,
+                               FATTN_MODE_DRAFT_EXTEND};
+  static uint16_t eager[CAP * HQ * D], graph[CAP * HQ * D];
+  static float eager_lse[CAP * HQ], graph_lse[CAP * HQ];
+  uint64_t seed = 7;
+  long forbidden = 0;
+  for (int m = 0; m < 4; m++) {
+    for (uint32_t b = 1; b <= MAXB; b++) ck_assert_msg(fattn_graph_capture(r.ctx, modes[m], b, layers, &r) == FATTN_OK, "%s", fattn_detail(r.ctx));
+    for (int rep = 0; rep < 50; rep++) {
+      uint32_t ids[128], q[64], opened;
+      uint64_t mask[MAXB * DRAFT];
+      fattn_batch b;
+      uint32_t tokens = make_batch(&r, modes[m], &seed, &b, ids, q, mask, &opened);
+      ck_assert_int_eq(fattn_test_gpu_randn(r.q, (size_t)CAP * HQ * D, FATTN_DTYPE_BF16, 1.0f, seed), 0);
+      ck_assert_int_eq(fattn_test_gpu_randn(r.k, (size_t)CAP * HKV * D, FATTN_DTYPE_BF16, 1.0f, seed + 1), 0);
+      ck_assert_int_eq(fattn_test_gpu_randn(r.v, (size_t)CAP * HKV * D, FATTN_DTYPE_BF16, 1.0f, seed + 2), 0);
+      ck_assert_int_eq(fattn_test_gpu_nan(r.out, (size_t)CAP * HQ * D, FATTN_DTYPE_BF16), 0);
+      ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
+      ck_assert_msg(fattn_plan(r.ctx, &b, r.stream) == FATTN_OK, "%s", fattn_detail(r.ctx));
+      layers(&r, r.stream);
+      read_out(&r, eager, eager_lse, tokens);
+      ck_assert_int_eq(fattn_test_gpu_nan(r.out, (size_t)CAP * HQ * D, FATTN_DTYPE_BF16), 0);
+      ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
+      fattn_calls_reset();
+      fattn_status st = fattn_graph_launch(r.ctx, &b, r.stream);
+      forbidden += fattn_calls_forbidden();
+      ck_assert_msg(st == FATTN_OK, "%s", fattn_detail(r.ctx));
+      uint32_t bucket = 0; /* padding: the bucket's query tokens past the batch's */
+      while (bucket < b.num_seqs) bucket = bucket < 2 ? bucket + 1 : bucket < 8 ? bucket * 2 : bucket + 4;
+      uint32_t per = modes[m] == FATTN_MODE_DRAFT_DECODE ? TOPK : modes[m] == FATTN_MODE_TARGET_VERIFY ? DRAFT
+                     : modes[m] == FATTN_MODE_DRAFT_EXTEND ? DRAFT + 1 : 1;
+      uint32_t bucket_tokens = bucket * per;
+      if (modes[m] == FATTN_MODE_DRAFT_EXTEND) bucket_tokens = tokens + (bucket - b.num_seqs) * per;
+      read_out(&r, graph, graph_lse, bucket_tokens);
+      ck_assert_msg(memcmp(eager, graph, (size_t)tokens * HQ * D * 2) == 0, "mode %d rep %d: O differs", modes[m], rep);
+      ck_assert_msg(memcmp(eager_lse, graph_lse, (size_t)tokens * HQ * 4) == 0, "mode %d rep %d: LSE differs", modes[m], rep);
+      ck_assert_uint_eq(fattn_test_count_nan(eager, (size_t)tokens * HQ * D, FATTN_DTYPE_BF16), 0);
+      for (size_t i = (size_t)tokens * HQ * D; i < (size_t)bucket_tokens * HQ * D; i++)
+        ck_assert_msg(graph[i] == 0, "mode %d: padding row element %zu is 0x%04x, not 0", modes[m], i, graph[i]);
+      for (uint32_t i = 0; i < opened; i++) ck_assert_ok(fattn_seq_close(r.ctx, ids[64 + i]));
+    }
+  }
+  ck_assert_int_eq(forbidden, 0);
+  ck_assert_ok(fattn_check(r.ctx));
+  close_rig(&r);
+}
+END_TEST
+
+/* A captured body that synchronises or allocates fails the capture with a clear error. */
+START_TEST(capture_that_syncs_or_allocates_fails) {
+  rig r;
+  open_rig(&r);
+  r.sync_inside = 1;
+  ck_assert_status(fattn_graph_capture(r.ctx, FATTN_MODE_DECODE, 4, layers, &r), FATTN_ERR_CUDA);
+  ck_assert_msg(strstr(fattn_detail(r.ctx), "must not allocate or synchronise"), "%s", fattn_detail(r.ctx));
+  r.sync_inside = 0, r.malloc_inside = 1;
+  fattn_status st = fattn_graph_capture(r.ctx, FATTN_MODE_DECODE, 4, layers, &r);
+  ck_assert_msg(st == FATTN_ERR_CUDA, "capture with cudaMalloc inside returned %s", fattn_status_name(st));
+  r.malloc_inside = 0;
+  ck_assert_ok(fattn_graph_capture(r.ctx, FATTN_MODE_DECODE, 4, layers, &r));
+  uint32_t s;
+  ck_assert_ok(fattn_seq_open(r.ctx, &s));
+  ck_assert_ok(fattn_seq_reserve(r.ctx, s, 10));
+  fattn_batch b = FATTN_BATCH_INIT;
+  b.num_seqs = 8, b.seq_ids = &s;
+  ck_assert_status(fattn_graph_launch(r.ctx, &b, r.stream), FATTN_ERR_STATE); /* bucket 8 not captured */
+  b.mode = FATTN_MODE_PREFILL, b.num_seqs = 1;
+  ck_assert_status(fattn_graph_launch(r.ctx, &b, r.stream), FATTN_ERR_INVALID);
+  close_rig(&r);
+}
+END_TEST
+
+FATTN_SUITE("gpu_graph", FATTN_TEST_GPU, replay_equals_eager_every_mode, capture_that_syncs_or_allocates_fails)
