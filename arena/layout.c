@@ -103,8 +103,9 @@ fattn_status fattn__layout_compute(const fattn__norm *n, fattn__layout *lay,
   lay->split_rows_cap = n->max_splits * FATTN__SPLIT_ROWS_PER_SPLIT;
   lay->cap_updates = n->max_seqs;
   lay->cap_copies = n->max_seqs;
+  /* Room for two full rows a slot, within [4 Ki, 1 Mi] words: larger bursts take more slots. */
   uint64_t words = pps * 2 > (uint64_t)n->max_seqs * 2 ? pps * 2 : (uint64_t)n->max_seqs * 2;
-  lay->cap_words = (uint32_t)(words > 4096 ? words : 4096);
+  lay->cap_words = (uint32_t)(words < 4096 ? 4096 : words > (1u << 20) ? (1u << 20) : words);
   lay->slot_bytes = slot_layout(n, lay);
 
   lay->k_layer_bytes = fattn__align_up(mul4(pages, c->page_size, k_row, 1, &ok), FATTN__ALIGN);

@@ -73,7 +73,8 @@ typedef struct fattn__page_copy {
   uint32_t dst;
 } fattn__page_copy;
 
-FATTN__HD uint32_t fattn__ceil_div(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
+/* Never overflows: q_len may come close to UINT32_MAX in a rejected batch's arithmetic. */
+FATTN__HD uint32_t fattn__ceil_div(uint32_t a, uint32_t b) { return a / b + (a % b != 0u); }
 
 /* Split policy, identical on host and device. Decode-like modes split long KV so that
  * num_entries * kv_heads * splits reaches target_ctas; prefill-like modes never split. */

@@ -38,16 +38,19 @@ __global__ void prep_kernel(prep_args a) {
   if (threadIdx.x < sizeof(fattn__step_hdr) / 4) ((uint32_t *)a.dst)[threadIdx.x] = ((const uint32_t *)h)[threadIdx.x];
 }
 
-/* Block (copy, layer, pool) moves one page of one pool in 16-byte words. */
-__global__ void copy_pages_kernel(const fattn__page_copy *c, uint8_t *k_pool, uint8_t *v_pool,
+/* Block (layer, pool) performs every copy in queue order: a queue can chain (0->1 then
+ * 1->2) or reuse a page, so copies of one layer and pool must not run concurrently. */
+__global__ void copy_pages_kernel(const fattn__page_copy *c, uint32_t n, uint8_t *k_pool, uint8_t *v_pool,
                                   uint64_t k_layer, uint64_t v_layer, uint64_t k_page, uint64_t v_page) {
-  const fattn__page_copy cp = c[blockIdx.x];
-  const int is_v = blockIdx.z;
+  const int is_v = blockIdx.y;
   uint64_t page = is_v ? v_page : k_page;
-  uint8_t *base = (is_v ? v_pool + blockIdx.y * v_layer : k_pool + blockIdx.y * k_layer);
-  const uint4 *src = (const uint4 *)(base + cp.src * page);
-  uint4 *dst = (uint4 *)(base + cp.dst * page);
-  for (uint64_t j = threadIdx.x; j < page / 16; j += blockDim.x) dst[j] = src[j];
+  uint8_t *base = (is_v ? v_pool + blockIdx.x * v_layer : k_pool + blockIdx.x * k_layer);
+  for (uint32_t i = 0; i < n; i++) {
+    const uint4 *src = (const uint4 *)(base + c[i].src * page);
+    uint4 *dst = (uint4 *)(base + c[i].dst * page);
+    for (uint64_t j = threadIdx.x; j < page / 16; j += blockDim.x) dst[j] = src[j];
+    __syncthreads();
+  }
 }
 
 extern "C" int fattn__prep_launch(fattn_ctx *ctx, uint8_t *inbox, const fattn__plan_target *t,
@@ -59,8 +62,8 @@ extern "C" int fattn__prep_launch(fattn_ctx *ctx, uint8_t *inbox, const fattn__p
     uint64_t k_page = (uint64_t)n->cfg.page_size * n->model.num_kv_heads * n->model.head_dim * n->kv_elem_bytes;
     uint64_t v_page = n->model.mla_latent_dim ? 0
                       : (uint64_t)n->cfg.page_size * n->model.num_kv_heads * n->head_dim_v * n->kv_elem_bytes;
-    dim3 grid(num_copies, n->model.num_layers, v_page ? 2 : 1);
-    copy_pages_kernel<<<grid, 256, 0, s>>>((const fattn__page_copy *)(inbox + ctx->lay.slot_off_copies),
+    dim3 grid(n->model.num_layers, v_page ? 2 : 1);
+    copy_pages_kernel<<<grid, 512, 0, s>>>((const fattn__page_copy *)(inbox + ctx->lay.slot_off_copies), num_copies,
                                            dev + ctx->lay.dev_off[FATTN_REGION_K_POOL],
                                            dev + ctx->lay.dev_off[FATTN_REGION_V_POOL], ctx->lay.k_layer_bytes,
                                            ctx->lay.v_layer_bytes, k_page, v_page);

@@ -14,10 +14,10 @@ static fattn_ctx *ctx;
 
 /* Speculative shapes: disabled, chains, trees up to the 64-bit mask row. */
 static const uint32_t spec_presets[][2] = {{0, 0}, {1, 1}, {1, 8}, {2, 3}, {3, 5}, {MAX_TOPK, FATTN_MAX_DRAFT_TOKENS}};
-/* pages, max_batch, max_q_tokens, max_encoder_len, max_seq_len. UINT32_MAX query tokens
- * leaves q_len unbounded where nothing else bounds it (CROSS). */
+/* pages, max_batch, max_q_tokens, max_encoder_len, max_seq_len. FATTN_MAX_Q_TOKENS query tokens
+ * leaves q_len bounded by the library limit alone where nothing else bounds it (CROSS). */
 static const uint32_t size_presets[][5] = {
-    {16, 1, 8, 8, 32}, {64, MAX_BATCH, UINT32_MAX, 64, 64}, {40, 2, 16, 1, 48}, {128, MAX_BATCH, 300, 16, 128}};
+    {16, 1, 8, 8, 32}, {64, MAX_BATCH, FATTN_MAX_Q_TOKENS, 64, 64}, {40, 2, 16, 1, 48}, {128, MAX_BATCH, 300, 16, 128}};
 
 static fattn_ctx *create(fuzz_bytes *in) {
   uint8_t key[32] = {0};

@@ -128,7 +128,11 @@ fattn_status fattn__normalize(const fattn_config *cfg, const fattn_model *model,
     return BAD("page_size %u: not a power of two in 1..%d", c->page_size, FATTN_MAX_PAGE_SIZE);
   if (c->max_batch == 0) return BAD("max_batch 0: must be >= 1");
   if (c->max_seq_len == 0) return BAD("max_seq_len 0: must be >= 1");
-  if (c->max_q_tokens == 0) return BAD("max_q_tokens 0: must be >= 1");
+  if (c->max_q_tokens == 0 || c->max_q_tokens > FATTN_MAX_Q_TOKENS)
+    return BAD("max_q_tokens %u: must be in 1..%u", c->max_q_tokens, FATTN_MAX_Q_TOKENS);
+  if (c->max_encoder_len > c->max_seq_len)
+    return BAD("max_encoder_len %u: over max_seq_len %u (encoder KV lives in a sequence)", c->max_encoder_len,
+               c->max_seq_len);
   if (c->spec_topk) {
     if (c->spec_draft_tokens == 0 || c->spec_draft_tokens > FATTN_MAX_DRAFT_TOKENS)
       return BAD("spec_draft_tokens %u: must be in 1..%d with spec_topk %u", c->spec_draft_tokens,

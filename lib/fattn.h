@@ -77,6 +77,8 @@ typedef enum fattn_mode {
 #define FATTN_MAX_DRAFT_TOKENS 64
 /* Largest number of graph batch-size buckets per mode. */
 #define FATTN_MAX_GRAPH_BUCKETS 64
+/* Largest max_q_tokens: token and tile counts of a step stay far from 32-bit overflow. */
+#define FATTN_MAX_Q_TOKENS (1u << 24)
 /* Largest number of layers and q heads a model may describe. */
 #define FATTN_MAX_LAYERS 1024
 #define FATTN_MAX_HEADS 1024

@@ -129,7 +129,8 @@ START_TEST(prep_kernel_matches_host_plan) {
 }
 END_TEST
 
-/* Copy-on-write on the device: the fork's private tail page holds the parent's bytes. */
+/* Copy-on-write on the device: the fork's private tail page holds the parent's bytes, also
+ * when copies chain within one plan (a -> b, then b -> c). */
 START_TEST(copy_on_write_copies_every_layer) {
   fattn_config c;
   fattn_model m;
@@ -149,13 +150,17 @@ START_TEST(copy_on_write_copies_every_layer) {
       uint8_t *base = (pool ? v + l * ctx->lay.v_layer_bytes : k + l * ctx->lay.k_layer_bytes) + tail * page;
       ck_assert_int_eq(cudaMemcpy(base, pattern, page, cudaMemcpyHostToDevice), cudaSuccess);
     }
+  uint32_t g;
   ck_assert_ok(fattn_seq_fork(ctx, a, 6, &f));
-  ck_assert_ok(fattn_seq_reserve(ctx, f, 7));
-  uint32_t copy = ctx->pages.table[(size_t)f * ctx->pages.pages_per_seq + 1];
+  ck_assert_ok(fattn_seq_reserve(ctx, f, 7)); /* copy tail -> f's page */
+  ck_assert_ok(fattn_seq_fork(ctx, f, 6, &g));
+  ck_assert_ok(fattn_seq_reserve(ctx, g, 7)); /* copy f's page -> g's page: a chain */
+  ck_assert_uint_eq(ctx->pages.num_copies, 2);
+  uint32_t copy = ctx->pages.table[(size_t)g * ctx->pages.pages_per_seq + 1];
   ck_assert_uint_ne(copy, tail);
   fattn_batch b = FATTN_BATCH_INIT;
   b.num_seqs = 1;
-  b.seq_ids = &f;
+  b.seq_ids = &g;
   ck_assert_ok(fattn_plan(ctx, &b, NULL));
   ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
   for (uint32_t l = 0; l < m.num_layers; l++)
