@@ -11,6 +11,10 @@
 
 #include "attn/backend.h"
 
+#ifdef __CUDACC__
+#include <type_traits>
+#endif
+
 /* Everything a kernel needs, by value. Derived on the host from layer and step params only. */
 typedef struct fa2__args {
   fattn__layer_params l;
@@ -133,34 +137,41 @@ __device__ __forceinline__ uint32_t fa2__find(const fattn__entry *e, uint32_t n,
  * columns, merged at the end. Prefill (MW 4, NW 1): 64 queries of one q head, whole range.
  * K/V blocks of BN slots are gathered row by row from pages with cp.async, ST stages deep;
  * fp8 blocks land raw and are widened in shared memory before the mma.sync steps. */
-template <int HD, int HDV, int MW, int NW, int BN, int ST, typename T, int KVT>
+template <int HD, int HDV, int MW, int NW, int BN, int ST, typename TQ, int KVT>
 struct fa2__cfg {
+  /* mma type: Q's own, except fp8 KV, which widens exactly to fp16 (one cvt per pair on
+   * sm_89+); bf16 Q is then narrowed to fp16 in shared memory (exact for |q| in [2^-14, 65504]). */
+  using T = typename std::conditional<KVT == 3, __half, TQ>::type;
   static constexpr int NT = MW * NW * 32, BM = MW * 16, WN = BN / NW;
   static constexpr int LDQ = HD + 8, LDV = HDV + 8, LDO = HDV + 4;
   static constexpr bool CONV = KVT == 3;
   static constexpr int KB = CONV ? 1 : 2;
   static constexpr int CK = HD * KB / 16, CV = HDV * KB / 16; /* 16-byte chunks per row */
   static constexpr int Q_BYTES = BM * LDQ * 2;
+  static constexpr int RS_BYTES = ST * BN * 4; /* pool row of each slot, per stage */
+  static constexpr bool QREG = HD <= 128;      /* Q fragments held in registers */
   static constexpr int TILE_BYTES = BN * (LDQ + LDV) * 2;
   static constexpr int RAW_BYTES = BN * (HD + HDV);
   static constexpr int KV_BYTES = CONV ? ST * RAW_BYTES + TILE_BYTES : ST * TILE_BYTES;
   static constexpr int EPI_BYTES = NW * BM * (LDO + 2) * 4;
-  static constexpr int SMEM = Q_BYTES + (KV_BYTES > EPI_BYTES ? KV_BYTES : EPI_BYTES);
-  static_assert(WN % 16 == 0 && HD % 16 == 0 && HDV % 16 == 0, "tile shape");
+  static constexpr int SMEM = Q_BYTES + RS_BYTES + (KV_BYTES > EPI_BYTES ? KV_BYTES : EPI_BYTES);
+  static_assert(WN % 16 == 0 && HD % 16 == 0 && HDV % 16 == 0 && BN <= NT, "tile shape");
 };
 
-template <int HD, int HDV, int MW, int NW, int BN, int ST, typename T, int KVT>
+template <int HD, int HDV, int MW, int NW, int BN, int ST, typename TQ, int KVT>
 __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry &e, int causal,
                                           bool tree, uint32_t hbase, uint32_t G, uint32_t R0,
                                           uint32_t sp, bool split, char *smem) {
-  using C = fa2__cfg<HD, HDV, MW, NW, BN, ST, T, KVT>;
+  using C = fa2__cfg<HD, HDV, MW, NW, BN, ST, TQ, KVT>;
+  using T = typename C::T;
   const fattn__layer_params &l = a.l;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp % MW, wn = warp / MW, g = lane >> 2, c4 = lane & 3;
   const uint32_t total = e.q_len * G, kvh = hbase / (l.num_q_heads / l.num_kv_heads);
   const uint32_t Rend = min(R0 + (uint32_t)C::BM, total);
   T *Qs = (T *)smem;
-  char *kv = smem + C::Q_BYTES;
+  uint32_t *rs = (uint32_t *)(smem + C::Q_BYTES);
+  char *kv = smem + C::Q_BYTES + C::RS_BYTES;
 
   /* Visible range of the tile's rows (union) and the range where every row sees everything. */
   const uint32_t t_lo = R0 / G, t_hi = (Rend - 1) / G, prefix = e.kv_len - e.q_len;
@@ -199,33 +210,34 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
   const char *kpool = (const char *)l.k_pool;
   const char *vpool = l.mla ? kpool : (const char *)l.v_pool;
   const uint32_t vstride = l.mla ? HD : HDV;
+  /* Pool row (page * page_size + offset) of slot r of block blk; UINT32_MAX past the range.
+   * Looked up ST blocks ahead into rs, so that no page-table latency sits before a copy. */
+  auto slot_of = [&](int blk, int r) -> uint32_t {
+    uint32_t j = kb + (uint32_t)blk * BN + r;
+    if (blk >= nblk || j >= ke) return UINT32_MAX;
+    return ((uint32_t)pt[j >> a.ps_shift] << a.ps_shift) + (j & psm);
+  };
   auto load = [&](int blk) {
     if (blk < nblk) {
       const int buf = blk % ST;
-      const uint32_t j0 = kb + blk * BN;
+      const uint32_t *rsb = rs + buf * BN;
       char *kd = C::CONV ? kv + buf * C::RAW_BYTES : kv + buf * C::TILE_BYTES;
       char *vd = C::CONV ? kd + BN * HD : kd + BN * C::LDQ * 2;
 #pragma unroll 4
       for (int ci = tid; ci < BN * C::CK; ci += C::NT) {
         int r = ci / C::CK, c = ci % C::CK;
-        uint32_t j = j0 + r;
+        uint32_t sl = rsb[r];
         const char *src = kpool;
-        if (j < ke) {
-          size_t slot = ((size_t)(uint32_t)pt[j >> a.ps_shift] << a.ps_shift) + (j & psm);
-          src += ((slot * l.num_kv_heads + kvh) * HD) * C::KB + c * 16;
-        }
-        fa2__cp16(kd + (C::CONV ? r * HD + c * 16 : (r * C::LDQ + c * 8) * 2), src, j < ke);
+        if (sl != UINT32_MAX) src += (((size_t)sl * l.num_kv_heads + kvh) * HD) * C::KB + c * 16;
+        fa2__cp16(kd + (C::CONV ? r * HD + c * 16 : (r * C::LDQ + c * 8) * 2), src, sl != UINT32_MAX);
       }
 #pragma unroll 4
       for (int ci = tid; ci < BN * C::CV; ci += C::NT) {
         int r = ci / C::CV, c = ci % C::CV;
-        uint32_t j = j0 + r;
+        uint32_t sl = rsb[r];
         const char *src = vpool;
-        if (j < ke) {
-          size_t slot = ((size_t)(uint32_t)pt[j >> a.ps_shift] << a.ps_shift) + (j & psm);
-          src += ((slot * l.num_kv_heads + kvh) * vstride) * C::KB + c * 16;
-        }
-        fa2__cp16(vd + (C::CONV ? r * HDV + c * 16 : (r * C::LDV + c * 8) * 2), src, j < ke);
+        if (sl != UINT32_MAX) src += (((size_t)sl * l.num_kv_heads + kvh) * vstride) * C::KB + c * 16;
+        fa2__cp16(vd + (C::CONV ? r * HDV + c * 16 : (r * C::LDV + c * 8) * 2), src, sl != UINT32_MAX);
       }
     }
     fa2__commit();
@@ -247,17 +259,28 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
   for (int i = 0; i < HDV / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, ls[2] = {0.f, 0.f};
 
+  for (int r = tid; r < ST * BN; r += C::NT) rs[r] = slot_of(r / BN, r % BN);
+  __syncthreads();
 #pragma unroll
   for (int s = 0; s < ST - 1; s++) load(s);
+  uint32_t qf[C::QREG ? HD / 16 : 1][4];
 
   for (int blk = 0; blk < nblk; blk++) {
     fa2__wait<ST - 2>();
     __syncthreads();
     load(blk + ST - 1);
+    const uint32_t ahead = tid < BN ? slot_of(blk + ST, tid) : 0u; /* stored after the math */
     const T *Kt, *Vt;
     if constexpr (C::CONV) {
       const uint8_t *rk = (const uint8_t *)(kv + (blk % ST) * C::RAW_BYTES);
       T *tk = (T *)(kv + ST * C::RAW_BYTES), *tv = tk + BN * C::LDQ;
+      if (!std::is_same<T, TQ>::value && blk == 0) { /* bf16 Q to fp16, in place */
+        for (int ci = tid; ci < C::BM * HD / 2; ci += C::NT) {
+          uint32_t *w = (uint32_t *)(Qs + (ci / (HD / 2)) * C::LDQ) + ci % (HD / 2);
+          __nv_bfloat162 b = *(__nv_bfloat162 *)w;
+          *w = fa2__pack<__half>(__low2float(b), __high2float(b));
+        }
+      }
       for (int ci = tid; ci < BN * (HD + HDV) / 16; ci += C::NT) {
         bool isk = ci < BN * HD / 16;
         int cj = isk ? ci : ci - BN * HD / 16, w = isk ? HD / 16 : HDV / 16;
@@ -280,14 +303,23 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
       Vt = Kt + BN * C::LDQ;
     }
     const uint32_t j0 = kb + blk * BN;
+    if constexpr (C::QREG) {
+      if (blk == 0) {
+#pragma unroll
+        for (int ks = 0; ks < HD / 16; ks++)
+          fa2__ldm4(qf[ks], Qs + (wm * 16 + (lane & 15)) * C::LDQ + ks * 16 + (lane >> 4) * 8);
+      }
+    }
 
     float sc[C::WN / 8][4];
 #pragma unroll
     for (int i = 0; i < C::WN / 8; i++) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.f;
 #pragma unroll
     for (int ks = 0; ks < HD / 16; ks++) {
-      uint32_t A[4];
-      fa2__ldm4(A, Qs + (wm * 16 + (lane & 15)) * C::LDQ + ks * 16 + (lane >> 4) * 8);
+      uint32_t Aq[4];
+      const uint32_t *A = Aq;
+      if constexpr (C::QREG) A = qf[ks];
+      else fa2__ldm4(Aq, Qs + (wm * 16 + (lane & 15)) * C::LDQ + ks * 16 + (lane >> 4) * 8);
 #pragma unroll
       for (int np = 0; np < C::WN / 16; np++) {
         uint32_t B[4];
@@ -349,6 +381,7 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
         fa2__mma<T>(o[2 * dp + 1], A, B + 2);
       }
     }
+    if (tid < BN) rs[((blk + ST) % ST) * BN + tid] = ahead;
   }
   fa2__wait<0>();
   __syncthreads();
@@ -399,8 +432,8 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
         lse2 = l.sinks[hq] * FA2__LOG2E;
       }
       size_t row_o = (size_t)(e.q_start + t) * l.num_q_heads + hq;
-      uint2 pk = make_uint2(fa2__pack<T>(acc.x * inv, acc.y * inv), fa2__pack<T>(acc.z * inv, acc.w * inv));
-      *(uint2 *)((T *)a.out + row_o * HDV + c) = pk;
+      uint2 pk = make_uint2(fa2__pack<TQ>(acc.x * inv, acc.y * inv), fa2__pack<TQ>(acc.z * inv, acc.w * inv));
+      *(uint2 *)((TQ *)a.out + row_o * HDV + c) = pk;
       if (a.lse && c == 0) a.lse[row_o] = lse2 * FA2__LN2;
     }
   }
@@ -451,7 +484,10 @@ static int fa2__go(const fa2__args *a, dim3 grid, cudaStream_t st) {
 /* The eight kernels of one head-dim pair: {decode, prefill} x {bf16, fp16} x {same, fp8}. */
 template <int HD, int HDV>
 static int fa2__launch(const fa2__args *a, int kind, dim3 grid, cudaStream_t st) {
-  constexpr int DST = HD <= 128 ? 3 : 2, PBN = HD <= 128 ? 64 : 32;
+#ifndef FA2_DEC_ST
+#define FA2_DEC_ST 3
+#endif
+  constexpr int DST = HD <= 128 ? FA2_DEC_ST : 2, PBN = HD <= 128 ? 64 : 32;
   const bool bf = a->l.q_dtype == 1u, f8 = a->l.kv_dtype == 3u;
   if (kind == FA2__KIND_DECODE) {
     if (bf) return f8 ? fa2__go<HD, HDV, 1, 4, 64, DST, __nv_bfloat16, 3>(a, grid, st)
