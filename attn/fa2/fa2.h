@@ -1,0 +1,505 @@
+/* fa2.h: internals of the portable sm_80+ attention kernels: kernel arguments, device
+ * helpers (cp.async, ldmatrix, mma.sync) and the one attention kernel template. */
+#ifndef FATTN_ATTN_FA2_FA2_H
+#define FATTN_ATTN_FA2_FA2_H
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "attn/backend.h"
+
+#ifdef __CUDACC__
+#include <type_traits>
+#endif
+
+/* Everything a kernel needs, by value. Derived on the host from layer and step params only. */
+typedef struct fa2__args {
+  fattn__layer_params l;
+  fattn__step_params s;
+  const void *q;
+  void *out;
+  float *lse;
+  float sl2;        /* scale (times k_scale for fp8) * log2(e) */
+  float cap_scale;  /* scale (times k_scale) when softcap > 0 */
+  float o_mul;      /* v_scale for fp8, else 1 */
+  uint32_t ps_shift; /* log2(page_size) */
+} fa2__args;
+
+/* Launchers per head-dim pair (attn/fa2/fa2_hd*.cu). kind 0: decode (GQA-packed, split-KV),
+ * 1: prefill (query tile per q head). Return cudaError_t values. */
+#define FA2__KIND_DECODE 0
+#define FA2__KIND_PREFILL 1
+int fa2__launch_hd64(const fa2__args *a, int kind, dim3 grid, cudaStream_t st);
+int fa2__launch_hd96(const fa2__args *a, int kind, dim3 grid, cudaStream_t st);
+int fa2__launch_hd128(const fa2__args *a, int kind, dim3 grid, cudaStream_t st);
+int fa2__launch_hd192(const fa2__args *a, int kind, dim3 grid, cudaStream_t st);
+int fa2__launch_hd256(const fa2__args *a, int kind, dim3 grid, cudaStream_t st);
+
+#ifdef __CUDACC__
+
+#define FA2__LOG2E 1.4426950408889634f
+#define FA2__LN2 0.6931471805599453f
+
+__device__ __forceinline__ uint32_t fa2__smem(const void *p) {
+  return (uint32_t)__cvta_generic_to_shared(p);
+}
+/* 16-byte async copy; src_bytes 0 fills zeros without touching src. */
+__device__ __forceinline__ void fa2__cp16(void *dst, const void *src, int ok) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(fa2__smem(dst)),
+               "l"(src), "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void fa2__commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void fa2__wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void fa2__ldm4(uint32_t *r, const void *p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(fa2__smem(p)));
+}
+__device__ __forceinline__ void fa2__ldm4t(uint32_t *r, const void *p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(fa2__smem(p)));
+}
+/* c += a * b, m16n8k16, fp32 accumulate. */
+template <typename T> __device__ __forceinline__ void fa2__mma(float *c, const uint32_t *a, const uint32_t *b);
+template <> __device__ __forceinline__ void fa2__mma<__nv_bfloat16>(float *c, const uint32_t *a, const uint32_t *b) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+template <> __device__ __forceinline__ void fa2__mma<__half>(float *c, const uint32_t *a, const uint32_t *b) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+template <typename T> __device__ __forceinline__ uint32_t fa2__pack(float x, float y);
+template <> __device__ __forceinline__ uint32_t fa2__pack<__nv_bfloat16>(float x, float y) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
+  return *(uint32_t *)&v;
+}
+template <> __device__ __forceinline__ uint32_t fa2__pack<__half>(float x, float y) {
+  __half2 v = __floats2half2_rn(x, y);
+  return *(uint32_t *)&v;
+}
+template <typename T> __device__ __forceinline__ T fa2__from_f(float x);
+template <> __device__ __forceinline__ __nv_bfloat16 fa2__from_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <> __device__ __forceinline__ __half fa2__from_f<__half>(float x) { return __float2half_rn(x); }
+
+/* Two e4m3 bytes (low byte first) to a packed pair of T; exact for bf16 and fp16. */
+template <typename T> __device__ __forceinline__ uint32_t fa2__e4m3x2(uint16_t b) {
+  __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)b, __NV_E4M3);
+  if constexpr (sizeof(T) == 2 && __is_same(T, __half)) {
+    return (uint32_t)h.x | ((uint32_t)h.y << 16);
+  } else {
+    float2 f = __half22float2(*(__half2 *)&h);
+    return fa2__pack<T>(f.x, f.y);
+  }
+}
+
+__device__ __forceinline__ float fa2__qmax(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float fa2__qsum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+/* Visibility of slot j for query t of entry e (tree rows included). */
+__device__ __forceinline__ bool fa2__vis(const fattn__layer_params &l, int causal, bool tree,
+                                         const uint64_t *mrow, uint32_t prefix, uint32_t qpos,
+                                         uint32_t j) {
+  if (tree && j >= prefix) {
+    uint32_t b = j - prefix; /* the bit replaces causality; window and chunk still apply */
+    if (b >= 64u || !((*mrow >> b) & 1ull)) return false;
+    return (j <= qpos ? fattn__visible(&l, causal, qpos, j) : fattn__visible(&l, causal, j, qpos)) != 0;
+  }
+  return fattn__visible(&l, causal, qpos, j) != 0;
+}
+
+/* Entry owning item x of a prefix-summed field (last entry with start <= x). */
+__device__ __forceinline__ uint32_t fa2__find(const fattn__entry *e, uint32_t n, uint32_t x, int tiles) {
+  uint32_t lo = 0, hi = n; /* answer in [lo, hi) */
+  while (hi - lo > 1u) {
+    uint32_t mid = (lo + hi) >> 1;
+    uint32_t v = tiles ? e[mid].tile_start : e[mid].q_start;
+    if (v <= x) lo = mid; else hi = mid;
+  }
+  return lo;
+}
+
+/* ---- the attention kernel. One CTA computes BM = 16 * MW query rows against a KV range.
+ * Decode (MW 1, NW 4): rows are the q heads of one kv head times the entry's queries (GQA
+ * packing), the range one split; the NW warps share the rows and split each KV block by
+ * columns, merged at the end. Prefill (MW 4, NW 1): 64 queries of one q head, whole range.
+ * K/V blocks of BN slots are gathered row by row from pages with cp.async, ST stages deep;
+ * fp8 blocks land raw and are widened in shared memory before the mma.sync steps. */
+template <int HD, int HDV, int MW, int NW, int BN, int ST, typename TQ, int KVT>
+struct fa2__cfg {
+  /* mma type: Q's own, except fp8 KV, which widens exactly to fp16 (one cvt per pair on
+   * sm_89+); bf16 Q is then narrowed to fp16 in shared memory (exact for |q| in [2^-14, 65504]). */
+  using T = typename std::conditional<KVT == 3, __half, TQ>::type;
+  static constexpr int NT = MW * NW * 32, BM = MW * 16, WN = BN / NW;
+  static constexpr int LDQ = HD + 8, LDV = HDV + 8, LDO = HDV + 4;
+  static constexpr bool CONV = KVT == 3;
+  static constexpr int KB = CONV ? 1 : 2;
+  static constexpr int CK = HD * KB / 16, CV = HDV * KB / 16; /* 16-byte chunks per row */
+  static constexpr int Q_BYTES = BM * LDQ * 2;
+  static constexpr int RS_BYTES = ST * BN * 4; /* pool row of each slot, per stage */
+  static constexpr bool QREG = HD <= 128;      /* Q fragments held in registers */
+  static constexpr int TILE_BYTES = BN * (LDQ + LDV) * 2;
+  static constexpr int RAW_BYTES = BN * (HD + HDV);
+  static constexpr int KV_BYTES = CONV ? ST * RAW_BYTES + TILE_BYTES : ST * TILE_BYTES;
+  static constexpr int EPI_BYTES = NW * BM * (LDO + 2) * 4;
+  static constexpr int SMEM = Q_BYTES + RS_BYTES + (KV_BYTES > EPI_BYTES ? KV_BYTES : EPI_BYTES);
+  static_assert(WN % 16 == 0 && HD % 16 == 0 && HDV % 16 == 0 && BN <= NT, "tile shape");
+};
+
+template <int HD, int HDV, int MW, int NW, int BN, int ST, typename TQ, int KVT>
+__device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry &e, int causal,
+                                          bool tree, uint32_t hbase, uint32_t G, uint32_t R0,
+                                          uint32_t sp, bool split, char *smem) {
+  using C = fa2__cfg<HD, HDV, MW, NW, BN, ST, TQ, KVT>;
+  using T = typename C::T;
+  const fattn__layer_params &l = a.l;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp % MW, wn = warp / MW, g = lane >> 2, c4 = lane & 3;
+  const uint32_t total = e.q_len * G, kvh = hbase / (l.num_q_heads / l.num_kv_heads);
+  const uint32_t Rend = min(R0 + (uint32_t)C::BM, total);
+  T *Qs = (T *)smem;
+  uint32_t *rs = (uint32_t *)(smem + C::Q_BYTES);
+  char *kv = smem + C::Q_BYTES + C::RS_BYTES;
+
+  /* Visible range of the tile's rows (union) and the range where every row sees everything. */
+  const uint32_t t_lo = R0 / G, t_hi = (Rend - 1) / G, prefix = e.kv_len - e.q_len;
+  uint32_t lo_u = 0, hi_u = e.kv_len, lo_f = 0, hi_f = e.kv_len;
+  if (causal) {
+    uint32_t qa = prefix + t_lo, qb = prefix + t_hi;
+    uint32_t la = 0, lb = 0;
+    if (l.window >= 0) {
+      la = qa > (uint32_t)l.window ? qa - (uint32_t)l.window : 0u;
+      lb = qb > (uint32_t)l.window ? qb - (uint32_t)l.window : 0u;
+    }
+    if (l.chunk) { la = max(la, qa / l.chunk * l.chunk); lb = max(lb, qb / l.chunk * l.chunk); }
+    lo_u = la; lo_f = lb; hi_u = qb + 1; hi_f = qa + 1;
+    if (tree) { lo_u = min(lo_u, prefix); hi_u = e.kv_len; hi_f = min(hi_f, prefix); }
+  }
+  uint32_t s_lo = 0, s_hi = e.kv_len;
+  if (split) { s_lo = sp * e.split_len; s_hi = min(s_lo + e.split_len, e.kv_len); }
+  const uint32_t kb = max(lo_u, s_lo), ke = min(hi_u, s_hi);
+  const uint32_t hif = min(hi_f, ke);
+  const int nblk = ke > kb ? (int)((ke - kb + BN - 1) / BN) : 0;
+
+  /* Q rows (zero for rows past the tile). */
+  for (int ci = tid; ci < C::BM * (HD / 8); ci += C::NT) {
+    int r = ci / (HD / 8), c = ci % (HD / 8);
+    uint32_t R = R0 + r;
+    const char *src = (const char *)a.q;
+    if (R < Rend) {
+      uint32_t t = R / G, hq = hbase + R % G;
+      src += ((size_t)(e.q_start + t) * l.num_q_heads + hq) * HD * 2 + c * 16;
+    }
+    fa2__cp16(Qs + r * C::LDQ + c * 8, src, R < Rend);
+  }
+
+  const uint32_t psm = (1u << a.ps_shift) - 1u;
+  const int32_t *pt = l.page_table + (size_t)e.seq * l.pages_per_seq;
+  const char *kpool = (const char *)l.k_pool;
+  const char *vpool = l.mla ? kpool : (const char *)l.v_pool;
+  const uint32_t vstride = l.mla ? HD : HDV;
+  /* Pool row (page * page_size + offset) of slot r of block blk; UINT32_MAX past the range.
+   * Looked up ST blocks ahead into rs, so that no page-table latency sits before a copy. */
+  auto slot_of = [&](int blk, int r) -> uint32_t {
+    uint32_t j = kb + (uint32_t)blk * BN + r;
+    if (blk >= nblk || j >= ke) return UINT32_MAX;
+    return ((uint32_t)pt[j >> a.ps_shift] << a.ps_shift) + (j & psm);
+  };
+  auto load = [&](int blk) {
+    if (blk < nblk) {
+      const int buf = blk % ST;
+      const uint32_t *rsb = rs + buf * BN;
+      char *kd = C::CONV ? kv + buf * C::RAW_BYTES : kv + buf * C::TILE_BYTES;
+      char *vd = C::CONV ? kd + BN * HD : kd + BN * C::LDQ * 2;
+#pragma unroll 4
+      for (int ci = tid; ci < BN * C::CK; ci += C::NT) {
+        int r = ci / C::CK, c = ci % C::CK;
+        uint32_t sl = rsb[r];
+        const char *src = kpool;
+        if (sl != UINT32_MAX) src += (((size_t)sl * l.num_kv_heads + kvh) * HD) * C::KB + c * 16;
+        fa2__cp16(kd + (C::CONV ? r * HD + c * 16 : (r * C::LDQ + c * 8) * 2), src, sl != UINT32_MAX);
+      }
+#pragma unroll 4
+      for (int ci = tid; ci < BN * C::CV; ci += C::NT) {
+        int r = ci / C::CV, c = ci % C::CV;
+        uint32_t sl = rsb[r];
+        const char *src = vpool;
+        if (sl != UINT32_MAX) src += (((size_t)sl * l.num_kv_heads + kvh) * vstride) * C::KB + c * 16;
+        fa2__cp16(vd + (C::CONV ? r * HDV + c * 16 : (r * C::LDV + c * 8) * 2), src, sl != UINT32_MAX);
+      }
+    }
+    fa2__commit();
+  };
+
+  /* Per-thread rows: wm * 16 + g and + 8; their queries for masking. */
+  uint32_t qp[2];
+  const uint64_t *mr[2];
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    uint32_t R = min(R0 + wm * 16 + g + h * 8, total - 1);
+    uint32_t t = R / G;
+    qp[h] = prefix + t;
+    mr[h] = tree ? a.s.mask + e.mask_row + t : nullptr;
+  }
+
+  float o[HDV / 8][4];
+#pragma unroll
+  for (int i = 0; i < HDV / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, ls[2] = {0.f, 0.f};
+
+  for (int r = tid; r < ST * BN; r += C::NT) rs[r] = slot_of(r / BN, r % BN);
+  __syncthreads();
+#pragma unroll
+  for (int s = 0; s < ST - 1; s++) load(s);
+  uint32_t qf[C::QREG ? HD / 16 : 1][4];
+
+  for (int blk = 0; blk < nblk; blk++) {
+    fa2__wait<ST - 2>();
+    __syncthreads();
+    load(blk + ST - 1);
+    const uint32_t ahead = tid < BN ? slot_of(blk + ST, tid) : 0u; /* stored after the math */
+    const T *Kt, *Vt;
+    if constexpr (C::CONV) {
+      const uint8_t *rk = (const uint8_t *)(kv + (blk % ST) * C::RAW_BYTES);
+      T *tk = (T *)(kv + ST * C::RAW_BYTES), *tv = tk + BN * C::LDQ;
+      if (!std::is_same<T, TQ>::value && blk == 0) { /* bf16 Q to fp16, in place */
+        for (int ci = tid; ci < C::BM * HD / 2; ci += C::NT) {
+          uint32_t *w = (uint32_t *)(Qs + (ci / (HD / 2)) * C::LDQ) + ci % (HD / 2);
+          __nv_bfloat162 b = *(__nv_bfloat162 *)w;
+          *w = fa2__pack<__half>(__low2float(b), __high2float(b));
+        }
+      }
+      for (int ci = tid; ci < BN * (HD + HDV) / 16; ci += C::NT) {
+        bool isk = ci < BN * HD / 16;
+        int cj = isk ? ci : ci - BN * HD / 16, w = isk ? HD / 16 : HDV / 16;
+        int r = cj / w, c = cj % w;
+        uint4 raw = *(const uint4 *)(rk + (isk ? 0 : BN * HD) + (r * (isk ? HD : HDV) + c * 16));
+        uint32_t wv[4] = {raw.x, raw.y, raw.z, raw.w}, outw[8];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+          outw[2 * k] = fa2__e4m3x2<T>((uint16_t)(wv[k] & 0xffffu));
+          outw[2 * k + 1] = fa2__e4m3x2<T>((uint16_t)(wv[k] >> 16));
+        }
+        T *d = (isk ? tk + r * C::LDQ : tv + r * C::LDV) + c * 16;
+        ((uint4 *)d)[0] = make_uint4(outw[0], outw[1], outw[2], outw[3]);
+        ((uint4 *)d)[1] = make_uint4(outw[4], outw[5], outw[6], outw[7]);
+      }
+      __syncthreads();
+      Kt = tk; Vt = tv;
+    } else {
+      Kt = (const T *)(kv + (blk % ST) * C::TILE_BYTES);
+      Vt = Kt + BN * C::LDQ;
+    }
+    const uint32_t j0 = kb + blk * BN;
+    if constexpr (C::QREG) {
+      if (blk == 0) {
+#pragma unroll
+        for (int ks = 0; ks < HD / 16; ks++)
+          fa2__ldm4(qf[ks], Qs + (wm * 16 + (lane & 15)) * C::LDQ + ks * 16 + (lane >> 4) * 8);
+      }
+    }
+
+    float sc[C::WN / 8][4];
+#pragma unroll
+    for (int i = 0; i < C::WN / 8; i++) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < HD / 16; ks++) {
+      uint32_t Aq[4];
+      const uint32_t *A = Aq;
+      if constexpr (C::QREG) A = qf[ks];
+      else fa2__ldm4(Aq, Qs + (wm * 16 + (lane & 15)) * C::LDQ + ks * 16 + (lane >> 4) * 8);
+#pragma unroll
+      for (int np = 0; np < C::WN / 16; np++) {
+        uint32_t B[4];
+        fa2__ldm4(B, Kt + (wn * C::WN + np * 16 + (lane & 7) + (lane >> 4) * 8) * C::LDQ + ks * 16 +
+                         ((lane >> 3) & 1) * 8);
+        fa2__mma<T>(sc[2 * np], A, B);
+        fa2__mma<T>(sc[2 * np + 1], A, B + 2);
+      }
+    }
+    const bool full = j0 >= lo_f && j0 + BN <= hif;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < C::WN / 8; nt++) {
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        float x = sc[nt][k];
+        if (l.softcap > 0.f) x = l.softcap * tanhf(x * a.cap_scale / l.softcap) * FA2__LOG2E;
+        else x *= a.sl2;
+        if (!full) {
+          uint32_t j = j0 + wn * C::WN + nt * 8 + 2 * c4 + (k & 1);
+          int h = k >> 1;
+          if (!(j < ke && fa2__vis(l, causal, tree, mr[h], prefix, qp[h], j))) x = -INFINITY;
+        }
+        sc[nt][k] = x;
+        mx[k >> 1] = fmaxf(mx[k >> 1], x);
+      }
+    }
+    float ms[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      float mn = fmaxf(m[h], fa2__qmax(mx[h]));
+      ms[h] = mn == -INFINITY ? 0.f : mn;
+      float al = exp2f(m[h] - ms[h]);
+      m[h] = mn;
+      ls[h] *= al;
+#pragma unroll
+      for (int i = 0; i < HDV / 8; i++) { o[i][2 * h] *= al; o[i][2 * h + 1] *= al; }
+    }
+#pragma unroll
+    for (int nt = 0; nt < C::WN / 8; nt++) {
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        float p = exp2f(sc[nt][k] - ms[k >> 1]);
+        sc[nt][k] = p;
+        ls[k >> 1] += p;
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < C::WN / 16; kk++) {
+      uint32_t A[4] = {fa2__pack<T>(sc[2 * kk][0], sc[2 * kk][1]), fa2__pack<T>(sc[2 * kk][2], sc[2 * kk][3]),
+                       fa2__pack<T>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                       fa2__pack<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+      for (int dp = 0; dp < HDV / 16; dp++) {
+        uint32_t B[4];
+        fa2__ldm4t(B, Vt + (wn * C::WN + kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * C::LDV +
+                          dp * 16 + (lane >> 4) * 8);
+        fa2__mma<T>(o[2 * dp], A, B);
+        fa2__mma<T>(o[2 * dp + 1], A, B + 2);
+      }
+    }
+    if (tid < BN) rs[((blk + ST) % ST) * BN + tid] = ahead;
+  }
+  fa2__wait<0>();
+  __syncthreads();
+
+  /* Epilogue: per-warp partials to shared memory, merged over the NW column warps. */
+  float *eo = (float *)kv, *em = eo + NW * C::BM * C::LDO, *el = em + NW * C::BM;
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    int row = wm * 16 + g + h * 8;
+    float lt = fa2__qsum(ls[h]);
+    if (c4 == 0) { em[wn * C::BM + row] = m[h]; el[wn * C::BM + row] = lt; }
+    float *d = eo + (wn * C::BM + row) * C::LDO + 2 * c4;
+#pragma unroll
+    for (int i = 0; i < HDV / 8; i++) *(float2 *)(d + i * 8) = make_float2(o[i][2 * h], o[i][2 * h + 1]);
+  }
+  __syncthreads();
+  for (int ci = tid; ci < C::BM * (HDV / 4); ci += C::NT) {
+    int row = ci / (HDV / 4), c = (ci % (HDV / 4)) * 4;
+    uint32_t R = R0 + row;
+    if (R >= Rend) continue;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < NW; w++) M = fmaxf(M, em[w * C::BM + row]);
+    float L = 0.f;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (M != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < NW; w++) {
+        float wt = exp2f(em[w * C::BM + row] - M);
+        L += wt * el[w * C::BM + row];
+        float4 v = *(const float4 *)(eo + (w * C::BM + row) * C::LDO + c);
+        acc.x += wt * v.x; acc.y += wt * v.y; acc.z += wt * v.z; acc.w += wt * v.w;
+      }
+    }
+    uint32_t t = R / G, hq = hbase + R % G;
+    float lse2 = -INFINITY, inv = 0.f; /* a row that sees nothing: O = 0, LSE = sink or -inf */
+    if (split) {
+      if (M != -INFINITY) { inv = 1.f / L; lse2 = M + log2f(L); }
+      size_t row_o = ((size_t)(e.split_row + t * e.num_splits + sp)) * l.num_q_heads + hq;
+      *(float4 *)(a.s.split_o + row_o * HDV + c) = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+      if (c == 0) a.s.split_lse[row_o] = lse2 * FA2__LN2;
+    } else {
+      if (M != -INFINITY) {
+        float Lt = L + (l.sinks ? exp2f(l.sinks[hq] * FA2__LOG2E - M) : 0.f);
+        inv = a.o_mul / Lt;
+        lse2 = M + log2f(Lt);
+      } else if (l.sinks) {
+        lse2 = l.sinks[hq] * FA2__LOG2E;
+      }
+      size_t row_o = (size_t)(e.q_start + t) * l.num_q_heads + hq;
+      uint2 pk = make_uint2(fa2__pack<TQ>(acc.x * inv, acc.y * inv), fa2__pack<TQ>(acc.z * inv, acc.w * inv));
+      *(uint2 *)((TQ *)a.out + row_o * HDV + c) = pk;
+      if (a.lse && c == 0) a.lse[row_o] = lse2 * FA2__LN2;
+    }
+  }
+  __syncthreads();
+}
+
+template <int HD, int HDV, int MW, int NW, int BN, int ST, typename T, int KVT>
+__global__ void __launch_bounds__(MW * NW * 32, 1) fa2__attn(const fa2__args a) {
+  extern __shared__ __align__(16) char smem[];
+  const fattn__step_hdr *hdr = a.s.hdr;
+  const uint32_t n = hdr->num_entries;
+  const int causal = (int)hdr->causal;
+  const uint32_t G = a.l.num_q_heads / a.l.num_kv_heads;
+  if constexpr (MW == 1) {
+    const uint32_t ei = blockIdx.x / a.l.num_kv_heads, kvh = blockIdx.x % a.l.num_kv_heads;
+    if (ei >= n) return;
+    const fattn__entry e = a.s.entries[ei];
+    const bool tree = hdr->mode == 3u && e.mask_row != UINT32_MAX && a.s.mask;
+    const uint32_t ntile = (e.q_len * G + 15u) / 16u, nsp = e.num_splits > 1u ? e.num_splits : 1u;
+    for (uint32_t rt = blockIdx.z; rt < ntile; rt += gridDim.z)
+      for (uint32_t sp = blockIdx.y; sp < nsp; sp += gridDim.y)
+        fa2__work<HD, HDV, MW, NW, BN, ST, T, KVT>(a, e, causal, tree, kvh * G, G, rt * 16u, sp,
+                                                   nsp > 1u, smem);
+  } else {
+    const uint32_t b = blockIdx.x;
+    if (b >= hdr->num_tiles || n == 0u) return;
+    const fattn__entry e = a.s.entries[fa2__find(a.s.entries, n, b, 1)];
+    const bool tree = hdr->mode == 3u && e.mask_row != UINT32_MAX && a.s.mask;
+    fa2__work<HD, HDV, MW, NW, BN, ST, T, KVT>(a, e, causal, tree, blockIdx.y, 1u,
+                                               (b - e.tile_start) * (uint32_t)(MW * 16), 0u, false, smem);
+  }
+}
+
+template <int HD, int HDV, int MW, int NW, int BN, int ST, typename T, int KVT>
+static int fa2__go(const fa2__args *a, dim3 grid, cudaStream_t st) {
+  using C = fa2__cfg<HD, HDV, MW, NW, BN, ST, T, KVT>;
+  auto k = fa2__attn<HD, HDV, MW, NW, BN, ST, T, KVT>;
+  static int attr_set; /* benign race: idempotent */
+  if (!attr_set) {
+    cudaError_t err = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
+    if (err != cudaSuccess) return (int)err;
+    attr_set = 1;
+  }
+  k<<<grid, C::NT, C::SMEM, st>>>(*a);
+  return (int)cudaGetLastError();
+}
+
+/* The eight kernels of one head-dim pair: {decode, prefill} x {bf16, fp16} x {same, fp8}. */
+template <int HD, int HDV>
+static int fa2__launch(const fa2__args *a, int kind, dim3 grid, cudaStream_t st) {
+#ifndef FA2_DEC_ST
+#define FA2_DEC_ST 3
+#endif
+  constexpr int DST = HD <= 128 ? FA2_DEC_ST : 2, PBN = HD <= 128 ? 64 : 32;
+  const bool bf = a->l.q_dtype == 1u, f8 = a->l.kv_dtype == 3u;
+  if (kind == FA2__KIND_DECODE) {
+    if (bf) return f8 ? fa2__go<HD, HDV, 1, 4, 64, DST, __nv_bfloat16, 3>(a, grid, st)
+                      : fa2__go<HD, HDV, 1, 4, 64, DST, __nv_bfloat16, 1>(a, grid, st);
+    return f8 ? fa2__go<HD, HDV, 1, 4, 64, DST, __half, 3>(a, grid, st)
+              : fa2__go<HD, HDV, 1, 4, 64, DST, __half, 2>(a, grid, st);
+  }
+  if (bf) return f8 ? fa2__go<HD, HDV, 4, 1, PBN, 2, __nv_bfloat16, 3>(a, grid, st)
+                    : fa2__go<HD, HDV, 4, 1, PBN, 2, __nv_bfloat16, 1>(a, grid, st);
+  return f8 ? fa2__go<HD, HDV, 4, 1, PBN, 2, __half, 3>(a, grid, st)
+            : fa2__go<HD, HDV, 4, 1, PBN, 2, __half, 2>(a, grid, st);
+}
+
+#endif /* __CUDACC__ */
+#endif /* FATTN_ATTN_FA2_FA2_H */

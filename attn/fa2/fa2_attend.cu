@@ -1,0 +1,119 @@
+/* fa2_attend.cu: the fa2 entry points fattn__fa2_supports and fattn__fa2_attend: host-side
+ * dispatch from layer shape and step caps only, and the split-KV combine kernel. */
+#include "attn/fa2/fa2.h"
+
+extern "C" int fattn__fa2_supports(const fattn__layer_params *l) {
+  uint32_t d = l->head_dim, dv = l->head_dim_v;
+  int dims = (d == 64u || d == 96u || d == 128u || d == 192u || d == 256u) &&
+             (dv == d || (d == 192u && dv == 128u));
+  int types = (l->q_dtype == 1u || l->q_dtype == 2u) &&
+              (l->kv_dtype == l->q_dtype || l->kv_dtype == 3u);
+  int ps = l->page_size >= 1u && l->page_size <= 256u && (l->page_size & (l->page_size - 1u)) == 0u;
+  int heads = l->num_kv_heads > 0u && l->num_q_heads % l->num_kv_heads == 0u;
+  int mla = !l->mla || l->num_kv_heads == 1u;
+  return dims && types && ps && heads && mla;
+}
+
+/* One warp per (query token, q head): merges the split partials of split entries. */
+template <typename T>
+__global__ void __launch_bounds__(128) fa2__combine(const fa2__args a) {
+  const fattn__step_hdr *hdr = a.s.hdr;
+  const uint32_t qh = a.l.num_q_heads, dv = a.l.head_dim_v, lane = threadIdx.x & 31u;
+  const uint32_t w = blockIdx.x * 4u + (threadIdx.x >> 5);
+  const uint32_t tok = w / qh, hq = w % qh, n = hdr->num_entries;
+  if (n == 0u || tok >= hdr->num_q_tokens) return;
+  const fattn__entry e = a.s.entries[fa2__find(a.s.entries, n, tok, 0)];
+  const uint32_t ns = e.num_splits;
+  if (ns <= 1u) return;
+  const size_t base = (size_t)e.split_row + (size_t)(tok - e.q_start) * ns;
+  float M = -INFINITY;
+  for (uint32_t s = lane; s < ns; s += 32u) M = fmaxf(M, a.s.split_lse[(base + s) * qh + hq]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+  const size_t orow = (size_t)tok * qh + hq;
+  T *out = (T *)a.out + orow * dv;
+  if (M == -INFINITY) {
+    for (uint32_t c = lane * 4u; c < dv; c += 128u)
+      *(uint2 *)(out + c) = make_uint2(0u, 0u);
+    if (a.lse && lane == 0u) a.lse[orow] = a.l.sinks ? a.l.sinks[hq] : -INFINITY;
+    return;
+  }
+  float L = 0.f;
+  for (uint32_t s = lane; s < ns; s += 32u) L += expf(a.s.split_lse[(base + s) * qh + hq] - M);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
+  if (a.l.sinks) L += expf(a.l.sinks[hq] - M);
+  const float inv = a.o_mul / L;
+  for (uint32_t c = lane * 4u; c < dv; c += 128u) {
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (uint32_t s = 0; s < ns; s++) {
+      const size_t r = (base + s) * qh + hq;
+      float wt = expf(a.s.split_lse[r] - M);
+      float4 v = *(const float4 *)(a.s.split_o + r * dv + c);
+      acc.x += wt * v.x; acc.y += wt * v.y; acc.z += wt * v.z; acc.w += wt * v.w;
+    }
+    *(uint2 *)(out + c) = make_uint2(fa2__pack<T>(acc.x * inv, acc.y * inv), fa2__pack<T>(acc.z * inv, acc.w * inv));
+  }
+  if (a.lse && lane == 0u) a.lse[orow] = M + logf(L);
+}
+
+static int fa2__sm_count(void) {
+  static int sms; /* host attribute, read once */
+  if (!sms) {
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0)
+      n = 108;
+    sms = n;
+  }
+  return sms;
+}
+
+static uint32_t fa2__clamp(uint32_t x, uint32_t lo, uint32_t hi) { return x < lo ? lo : x > hi ? hi : x; }
+
+extern "C" int fattn__fa2_attend(fattn__layer_params l, fattn__step_params s, const void *q,
+                                 void *out, float *lse, void *stream) {
+  if (!fattn__fa2_supports(&l)) return (int)cudaErrorInvalidValue;
+  if (s.cap_entries == 0u || s.cap_q_tokens == 0u) return (int)cudaSuccess;
+  cudaStream_t st = (cudaStream_t)stream;
+  fa2__args a;
+  a.l = l;
+  a.s = s;
+  a.q = q;
+  a.out = out;
+  a.lse = lse;
+  const int f8 = l.kv_dtype == 3u;
+  a.cap_scale = l.scale * (f8 ? l.k_scale : 1.f);
+  a.sl2 = a.cap_scale * FA2__LOG2E;
+  a.o_mul = f8 ? (l.mla ? l.k_scale : l.v_scale) : 1.f; /* MLA's V is K's first dims */
+  a.ps_shift = 0;
+  while ((1u << a.ps_shift) < l.page_size) a.ps_shift++;
+  const uint32_t G = l.num_q_heads / l.num_kv_heads;
+  /* Host policy from caps only: few rows per entry (decode-like) take the GQA-packed split
+   * kernel; otherwise 64-query tiles per q head. Either kernel is correct for any step. */
+  const int decode = (uint64_t)s.cap_q_tokens * G <= 16ull * s.cap_entries;
+  dim3 grid;
+  if (decode) {
+    uint32_t ctas = s.cap_entries * l.num_kv_heads;
+    uint32_t qpe = (s.cap_q_tokens + s.cap_entries - 1u) / s.cap_entries;
+    grid = dim3(ctas, fa2__clamp((4u * (uint32_t)fa2__sm_count() + ctas - 1u) / ctas, 1u, 64u),
+                fa2__clamp((qpe * G + 15u) / 16u, 1u, 8u));
+  } else {
+    if (s.cap_tiles == 0u) return (int)cudaSuccess;
+    grid = dim3(s.cap_tiles, l.num_q_heads, 1u);
+  }
+  const int kind = decode ? FA2__KIND_DECODE : FA2__KIND_PREFILL;
+  int err;
+  switch (l.head_dim) {
+    case 64u: err = fa2__launch_hd64(&a, kind, grid, st); break;
+    case 96u: err = fa2__launch_hd96(&a, kind, grid, st); break;
+    case 128u: err = fa2__launch_hd128(&a, kind, grid, st); break;
+    case 192u: err = fa2__launch_hd192(&a, kind, grid, st); break;
+    default: err = fa2__launch_hd256(&a, kind, grid, st); break;
+  }
+  if (err || !decode || !s.split_o) return err;
+  const uint32_t warps = s.cap_q_tokens * l.num_q_heads;
+  if (l.q_dtype == 1u) fa2__combine<__nv_bfloat16><<<(warps + 3u) / 4u, 128, 0, st>>>(a);
+  else fa2__combine<__half><<<(warps + 3u) / 4u, 128, 0, st>>>(a);
+  return (int)cudaGetLastError();
+}

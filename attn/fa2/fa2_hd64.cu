@@ -1,0 +1,7 @@
+/* fa2_hd64.cu: instantiates the fa2 attention kernels for head_dim 64 (K, V and O).
+ * Eight kernels: decode and prefill tiles, bf16 and fp16 Q, native or fp8 KV. */
+#include "attn/fa2/fa2.h"
+
+int fa2__launch_hd64(const fa2__args *a, int kind, dim3 grid, cudaStream_t st) {
+  return fa2__launch<64, 64>(a, kind, grid, st);
+}

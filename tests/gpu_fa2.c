@@ -1,0 +1,620 @@
+/* gpu_fa2.c: the fa2 kernels (attn/fa2) against the float64 reference (attn/ref) on random
+ * paged steps: store_kv bytes, every mode, options, head dims, dtypes, page sizes, GQA. */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "attn/backend.h"
+#include "lib/dtype.h"
+#include "tests/support.h"
+#include "tests/support_gpu.h"
+
+#define CK(x)                                                                            \
+  do {                                                                                   \
+    int e_ = (int)(x);                                                                   \
+    ck_assert_msg(e_ == 0, "%s: %s", #x, cudaGetErrorString((cudaError_t)e_));           \
+  } while (0)
+
+enum { BF = FATTN_DTYPE_BF16, FP = FATTN_DTYPE_FP16, F8 = FATTN_DTYPE_FP8_E4M3 };
+enum { MAX_SPLITS = 32, TARGET_CTAS = 264 };
+
+static uint64_t rng_state = 0x1234567ull;
+static uint64_t rng_next(void) { /* splitmix64 */
+  uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+static uint32_t rnd(uint32_t n) { return n ? (uint32_t)(rng_next() % n) : 0u; }
+static double rnd_unit(void) { return (double)(rng_next() >> 11) * 0x1.0p-53; }
+
+static void *xmalloc(size_t n) {
+  void *p = malloc(n ? n : 1);
+  ck_assert_ptr_nonnull(p);
+  return p;
+}
+static void *dalloc(size_t n) {
+  void *p = NULL;
+  CK(cudaMalloc(&p, n ? n : 16));
+  return p;
+}
+static size_t esize(uint32_t dt) { return dt == F8 ? 1u : dt == 0u ? 4u : 2u; }
+static double to_f(uint32_t dt, const void *p, size_t i) {
+  uint16_t b = ((const uint16_t *)p)[i];
+  return dt == FP ? fattn__f16_to_f32(b) : fattn__bf16_to_f32(b);
+}
+static const char *dname(uint32_t dt) { return dt == BF ? "bf16" : dt == FP ? "fp16" : "fp8"; }
+
+/* One group of random cases sharing a shape and options. */
+typedef struct cfg {
+  uint32_t mode, qh, kvh, d, dv, qt, kt, ps;
+  float softcap;
+  int32_t window;
+  uint32_t chunk;
+  int sinks, tree, lse, mla;
+  uint32_t max_bs;   /* entries drawn in 1..max_bs */
+  uint32_t long_len; /* longest KV (decode) or query (prefill) length drawn */
+  uint64_t budget;   /* reference work per case: sum over entries of q_len * kv_len * q_heads */
+} cfg;
+
+/* ------------------------------------------------------------ reference, threaded */
+
+typedef struct ref_job {
+  fattn__layer_params l;
+  fattn__step_params s;
+  fattn__step_hdr h;
+  const void *q;
+  double *o64, *lse64;
+  void *olp;
+  uint32_t p_dtype;
+} ref_job;
+
+static void *ref_thread(void *arg) {
+  ref_job *j = arg;
+  fattn__ref_opts ex = {0, 0, j->o64, j->lse64};
+  fattn__ref_attend(j->l, j->s, j->q, NULL, NULL, &ex);
+  fattn__ref_opts lp = {j->p_dtype, 0, NULL, NULL};
+  fattn__ref_attend(j->l, j->s, j->q, j->olp, NULL, &lp);
+  return NULL;
+}
+
+/* Entries cut into pieces of at most 64 queries where that leaves the result unchanged
+ * (no splits, no tree): a causal piece ends its KV at its last query. Caller frees. */
+static fattn__entry *ref_pieces(const fattn__step_hdr *h, const fattn__entry *e, uint32_t *n) {
+  uint32_t cnt = 0;
+  for (uint32_t i = 0; i < h->num_entries; i++)
+    cnt += (e[i].num_splits <= 1 && e[i].mask_row == UINT32_MAX && e[i].q_len > 64) ? (e[i].q_len + 63) / 64 : 1;
+  fattn__entry *p = xmalloc(cnt * sizeof *p);
+  uint32_t k = 0;
+  for (uint32_t i = 0; i < h->num_entries; i++) {
+    if (!(e[i].num_splits <= 1 && e[i].mask_row == UINT32_MAX && e[i].q_len > 64)) { p[k++] = e[i]; continue; }
+    for (uint32_t t0 = 0; t0 < e[i].q_len; t0 += 64) {
+      uint32_t t1 = t0 + 64 < e[i].q_len ? t0 + 64 : e[i].q_len;
+      p[k] = e[i];
+      p[k].q_len = t1 - t0;
+      p[k].q_start = e[i].q_start + t0;
+      if (h->causal) p[k].kv_len = e[i].kv_len - (e[i].q_len - t1);
+      k++;
+    }
+  }
+  *n = cnt;
+  return p;
+}
+
+/* Both reference runs (exact, and P rounded to q_dtype), entries spread over threads. */
+static void ref_both(fattn__layer_params l, fattn__step_params s, const fattn__step_hdr *h0,
+                     const fattn__entry *e0, const void *q, double *o64, double *lse64, void *olp) {
+  fattn__step_hdr hh = *h0;
+  fattn__entry *e = ref_pieces(h0, e0, &hh.num_entries);
+  const fattn__step_hdr *h = &hh;
+  long nt = sysconf(_SC_NPROCESSORS_ONLN);
+  if (nt < 1) nt = 1;
+  if (nt > 64) nt = 64;
+  double total = 0, *cost = xmalloc(h->num_entries * sizeof *cost);
+  for (uint32_t i = 0; i < h->num_entries; i++) {
+    cost[i] = (double)e[i].q_len * (e[i].kv_len + 16.0);
+    total += cost[i];
+  }
+  ref_job jobs[64];
+  pthread_t th[64];
+  int nj = 0;
+  uint32_t i = 0;
+  for (long t = 0; t < nt && i < h->num_entries; t++) {
+    uint32_t start = i;
+    double acc = 0, share = total / (double)(nt - t);
+    while (i < h->num_entries && (acc < share || i == start)) { acc += cost[i]; i++; }
+    if (t == nt - 1) i = h->num_entries;
+    total -= acc;
+    ref_job *j = &jobs[nj];
+    j->l = l;
+    j->s = s;
+    j->h = *h;
+    j->h.num_entries = i - start;
+    j->s.hdr = &j->h;
+    j->s.entries = e + start;
+    j->q = q;
+    j->o64 = o64;
+    j->lse64 = lse64;
+    j->olp = olp;
+    j->p_dtype = l.q_dtype;
+    ck_assert_int_eq(pthread_create(&th[nj], NULL, ref_thread, j), 0);
+    nj++;
+  }
+  for (int t = 0; t < nj; t++) pthread_join(th[t], NULL);
+  free(cost);
+  free(e);
+}
+
+/* ------------------------------------------------------------------- one case */
+
+typedef struct stats {
+  int ok, n;
+  double worst;
+} stats;
+
+static int is_decode(uint32_t m) { return m == FATTN_MODE_DECODE || m == FATTN_MODE_DRAFT_DECODE; }
+
+static uint32_t draw_len(const cfg *c, int longer) {
+  uint32_t ps = c->ps;
+  uint32_t base[5] = {1, ps > 1 ? ps - 1 : 1, ps, ps + 1, 1 + rnd(3 * ps + 40)};
+  if (longer) return rnd(2) ? c->long_len : 1 + rnd(c->long_len);
+  return base[rnd(5)];
+}
+
+/* Builds a random step for c, runs fa2 and the reference, compares; returns err / tol. */
+static double run_case(const cfg *c, int route, int *ok) {
+  fattn__layer_params l;
+  memset(&l, 0, sizeof l);
+  l.num_q_heads = c->qh;
+  l.num_kv_heads = c->kvh;
+  l.head_dim = c->d;
+  l.head_dim_v = c->dv;
+  l.mla = (uint32_t)c->mla;
+  l.page_size = c->ps;
+  l.q_dtype = c->qt;
+  l.kv_dtype = c->kt;
+  l.scale = 1.0f / sqrtf((float)c->d);
+  l.softcap = c->softcap;
+  l.window = c->window;
+  l.chunk = c->chunk;
+  l.k_scale = c->kt == F8 ? 0.75f : 1.0f;
+  l.v_scale = c->kt == F8 ? 1.25f : 1.0f;
+  const uint32_t G = c->qh / c->kvh;
+
+  /* Entries. */
+  uint32_t bs = 1 + rnd(c->max_bs);
+  fattn__entry *e = xmalloc(bs * sizeof *e);
+  uint64_t *mask = xmalloc(64 * 64 * (size_t)bs * sizeof *mask);
+  uint32_t nmask = 0, maxkv = 1;
+  uint64_t work = 0;
+  for (uint32_t i = 0; i < bs; i++) {
+    fattn__entry *x = &e[i];
+    memset(x, 0, sizeof *x);
+    x->mask_row = UINT32_MAX;
+    int longer = c->max_bs == 1 || (work < c->budget / 2 && rnd(3) == 0);
+    uint32_t ql, kl;
+    if (is_decode(c->mode)) {
+      ql = 1;
+      kl = draw_len(c, longer);
+    } else if (c->mode == FATTN_MODE_TARGET_VERIFY) {
+      ql = rnd(6) == 0 ? 1 + rnd(64) : 1 + rnd(8);
+      kl = ql + draw_len(c, longer) - 1 + rnd(2);
+    } else if (c->mode == FATTN_MODE_CROSS) {
+      ql = 1 + rnd(longer ? 300 : 40);
+      kl = rnd(8) == 0 ? 0 : draw_len(c, longer);
+    } else {
+      ql = draw_len(c, longer);
+      if (c->mode == FATTN_MODE_DRAFT_EXTEND) ql = 1 + rnd(8);
+      uint32_t pre = rnd(3) == 0 ? 0 : rnd(2) ? rnd(c->ps + 2) : rnd(600);
+      kl = ql + pre;
+    }
+    uint64_t w = (uint64_t)ql * kl * c->qh;
+    if (work + w > c->budget && i > 0) { /* keep the reference affordable */
+      ql = is_decode(c->mode) || c->mode == FATTN_MODE_TARGET_VERIFY ? ql : 1 + rnd(4);
+      kl = c->mode == FATTN_MODE_CROSS ? 1 + rnd(c->ps + 2) : ql + rnd(c->ps + 2);
+      if (c->mode == FATTN_MODE_TARGET_VERIFY) { ql = 1 + rnd(4); kl = ql + rnd(c->ps + 2); }
+      w = (uint64_t)ql * kl * c->qh;
+    }
+    work += w;
+    x->q_len = ql;
+    x->kv_len = kl;
+    x->new_len = c->mode == FATTN_MODE_CROSS ? 0 : ql;
+    if (c->tree && c->mode == FATTN_MODE_TARGET_VERIFY && rnd(4) != 0) {
+      x->mask_row = nmask;
+      for (uint32_t t = 0; t < ql; t++) {
+        uint64_t m = rnd(10) ? (1ull << t) : 0; /* a row may even see nothing */
+        for (uint32_t b = 0; b < ql; b++)
+          if (b != t && rnd(b < t ? 2 : 8) == 0) m |= 1ull << b;
+        mask[nmask++] = m;
+      }
+    }
+    if (kl > maxkv) maxkv = kl;
+  }
+
+  /* Header and prep. */
+  fattn__step_hdr h;
+  memset(&h, 0, sizeof h);
+  h.mode = c->mode;
+  h.num_entries = bs;
+  h.max_splits = MAX_SPLITS;
+  h.split_rows_cap = MAX_SPLITS * FATTN__SPLIT_ROWS_PER_SPLIT;
+  h.target_ctas = TARGET_CTAS;
+  h.num_kv_heads = c->kvh;
+  h.causal = c->mode != FATTN_MODE_CROSS;
+  h.num_mask_rows = nmask;
+  fattn__prep(&h, e);
+
+  /* Paged layout: rows are shuffled sequences, pages a shuffled pool with spare pages. */
+  l.pages_per_seq = (maxkv + c->ps - 1) / c->ps + 1;
+  uint32_t need = 0;
+  for (uint32_t i = 0; i < bs; i++) need += (e[i].kv_len + c->ps - 1) / c->ps;
+  l.num_pages = need + 3;
+  uint32_t *perm = xmalloc(l.num_pages * sizeof *perm);
+  for (uint32_t i = 0; i < l.num_pages; i++) perm[i] = i;
+  for (uint32_t i = l.num_pages - 1; i > 0; i--) {
+    uint32_t k = rnd(i + 1), t = perm[i];
+    perm[i] = perm[k];
+    perm[k] = t;
+  }
+  uint32_t *rows = xmalloc(bs * sizeof *rows);
+  for (uint32_t i = 0; i < bs; i++) rows[i] = i;
+  for (uint32_t i = bs - 1; i > 0; i--) {
+    uint32_t k = rnd(i + 1), t = rows[i];
+    rows[i] = rows[k];
+    rows[k] = t;
+  }
+  size_t pt_n = (size_t)bs * l.pages_per_seq, slots = (size_t)l.num_pages * c->ps;
+  int32_t *pt = xmalloc(pt_n * sizeof *pt);
+  for (size_t i = 0; i < pt_n; i++) pt[i] = (int32_t)FATTN__PAGE_NONE;
+  uint8_t *used = calloc(slots, 1);
+  uint32_t next = 0;
+  for (uint32_t i = 0; i < bs; i++) {
+    e[i].seq = rows[i];
+    for (uint32_t p = 0; p < (e[i].kv_len + c->ps - 1) / c->ps; p++)
+      pt[(size_t)rows[i] * l.pages_per_seq + p] = (int32_t)perm[next++];
+    for (uint32_t j = 0; j < e[i].kv_len; j++)
+      used[(size_t)(uint32_t)pt[(size_t)rows[i] * l.pages_per_seq + j / c->ps] * c->ps + j % c->ps] = 1;
+  }
+
+  /* Caps: exact, inflated (blocks past the work exit), or steered to the other kernel. */
+  fattn__step_params s;
+  memset(&s, 0, sizeof s);
+  s.cap_entries = bs;
+  s.cap_q_tokens = h.num_q_tokens;
+  s.cap_new_tokens = h.num_new_tokens;
+  s.cap_tiles = h.num_tiles;
+  if (route == 1) { s.cap_entries += 3; s.cap_q_tokens += 5; s.cap_tiles += 2; }
+  if (route == 2) {
+    if ((uint64_t)s.cap_q_tokens * G <= 16ull * s.cap_entries) s.cap_q_tokens = 16 * s.cap_entries + 1;
+    else s.cap_entries = s.cap_q_tokens * G;
+    if (s.cap_tiles < s.cap_q_tokens / FATTN__Q_TILE + bs) s.cap_tiles = s.cap_q_tokens / FATTN__Q_TILE + bs;
+  }
+
+  /* Device buffers. */
+  size_t kn = slots * c->kvh * c->d, vn = c->mla ? 0 : slots * c->kvh * c->dv;
+  size_t qn = (size_t)h.num_q_tokens * c->qh * c->d, on = (size_t)h.num_q_tokens * c->qh * c->dv;
+  size_t ln = (size_t)h.num_q_tokens * c->qh;
+  size_t so_n = (size_t)h.split_rows_cap * c->qh * c->dv, sl_n = (size_t)h.split_rows_cap * c->qh;
+  float *sinks = NULL;
+  if (c->sinks) {
+    sinks = xmalloc(c->qh * sizeof *sinks);
+    for (uint32_t i = 0; i < c->qh; i++) sinks[i] = i == 1 ? -INFINITY : (float)(4.0 * rnd_unit() - 1.0);
+  }
+  void *dk = dalloc(kn * esize(c->kt)), *dv = c->mla ? NULL : dalloc(vn * esize(c->kt));
+  void *dq = dalloc(qn * 2), *dout = dalloc(on * 2 + 16);
+  float *dlse = c->lse ? dalloc(ln * 4 + 16) : NULL, *dso = dalloc(so_n * 4), *dsl = dalloc(sl_n * 4);
+  float *dsinks = c->sinks ? dalloc(c->qh * 4) : NULL;
+  int32_t *dpt = dalloc(pt_n * 4);
+  uint8_t *dused = dalloc(slots);
+  fattn__step_hdr *dh = dalloc(sizeof h);
+  fattn__entry *de = dalloc(bs * sizeof *e);
+  uint64_t *dmask = dalloc((nmask + 1) * 8);
+  uint64_t seed = rng_next();
+  CK(fattn_test_gpu_randn(dk, kn, c->kt, 1.0f, seed));
+  if (!c->mla) CK(fattn_test_gpu_randn(dv, vn, c->kt, 1.0f, seed + 1));
+  CK(fattn_test_gpu_randn(dq, qn, c->qt, 1.5f, seed + 2));
+  CK(cudaMemcpy(dused, used, slots, cudaMemcpyHostToDevice));
+  CK(fattn_test_gpu_nan_rows(dk, dused, slots, (size_t)c->kvh * c->d, c->kt));
+  if (!c->mla) CK(fattn_test_gpu_nan_rows(dv, dused, slots, (size_t)c->kvh * c->dv, c->kt));
+  CK(fattn_test_gpu_nan(dout, on, c->qt));
+  if (c->lse) CK(fattn_test_gpu_nan(dlse, ln, 0));
+  CK(fattn_test_gpu_nan(dso, so_n, 0));
+  CK(fattn_test_gpu_nan(dsl, sl_n, 0));
+  CK(cudaMemcpy(dpt, pt, pt_n * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dh, &h, sizeof h, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(de, e, bs * sizeof *e, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dmask, mask, (nmask + 1) * 8, cudaMemcpyHostToDevice));
+  if (c->sinks) CK(cudaMemcpy(dsinks, sinks, c->qh * 4, cudaMemcpyHostToDevice));
+
+  fattn__layer_params dl = l;
+  dl.k_pool = dk;
+  dl.v_pool = dv;
+  dl.page_table = dpt;
+  dl.sinks = dsinks;
+  fattn__step_params ds = s;
+  ds.hdr = dh;
+  ds.entries = de;
+  ds.mask = dmask;
+  ds.split_o = dso;
+  ds.split_lse = dsl;
+  CK(fattn__fa2_attend(dl, ds, dq, dout, dlse, NULL));
+  CK(cudaDeviceSynchronize());
+
+  /* Host copies and the reference. */
+  void *hk = xmalloc(kn * esize(c->kt)), *hv = c->mla ? NULL : xmalloc(vn * esize(c->kt));
+  void *hq = xmalloc(qn * 2), *hout = xmalloc(on * 2 + 2), *hlp = xmalloc(on * 2 + 2);
+  float *hlse = xmalloc(ln * 4 + 4);
+  CK(cudaMemcpy(hk, dk, kn * esize(c->kt), cudaMemcpyDeviceToHost));
+  if (!c->mla) CK(cudaMemcpy(hv, dv, vn * esize(c->kt), cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(hq, dq, qn * 2, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(hout, dout, on * 2, cudaMemcpyDeviceToHost));
+  if (c->lse) CK(cudaMemcpy(hlse, dlse, ln * 4, cudaMemcpyDeviceToHost));
+  double *o64 = xmalloc(on * 8 + 8), *l64 = xmalloc(ln * 8 + 8);
+  float *hso = xmalloc(so_n * 4), *hsl = xmalloc(sl_n * 4);
+  fattn__layer_params hl = l;
+  hl.k_pool = hk;
+  hl.v_pool = hv;
+  hl.page_table = pt;
+  hl.sinks = sinks;
+  fattn__step_params hs = s;
+  hs.hdr = &h;
+  hs.entries = e;
+  hs.mask = mask;
+  hs.split_o = hso;
+  hs.split_lse = hsl;
+  ref_both(hl, hs, &h, e, hq, o64, l64, hlp);
+
+  double err = 0, lerr = 0, lse_err = 0;
+  size_t nans = fattn_test_count_nan(hout, on, c->qt) + (c->lse ? fattn_test_count_nan(hlse, ln, 0) : 0);
+  for (size_t i = 0; i < on; i++) {
+    double g = to_f(c->qt, hout, i), lp = to_f(c->qt, hlp, i);
+    if (fabs(g - o64[i]) > err) err = fabs(g - o64[i]);
+    if (fabs(lp - o64[i]) > lerr) lerr = fabs(lp - o64[i]);
+  }
+  if (c->lse)
+    for (size_t i = 0; i < ln; i++) {
+      double d = (isinf(l64[i]) && hlse[i] == l64[i]) ? 0.0 : fabs(hlse[i] - l64[i]) / (1.0 + fabs(l64[i]));
+      if (!(d <= lse_err)) lse_err = isnan(d) ? INFINITY : d;
+    }
+  double tol = (c->kt == F8 ? 4.0 : 2.0) * lerr + 1e-5;
+  double ratio = err / tol;
+  *ok = nans == 0 && err <= tol && lse_err <= 2e-3;
+  if (!*ok)
+    printf("  FAIL mode %u bs %u route %d: err %.3g tol %.3g lse_err %.3g nans %zu (q_tokens %u, kv of e0 %u)\n",
+           c->mode, bs, route, err, tol, lse_err, nans, h.num_q_tokens, e[0].kv_len);
+
+  cudaFree(dk); cudaFree(dv); cudaFree(dq); cudaFree(dout); cudaFree(dlse); cudaFree(dso);
+  cudaFree(dsl); cudaFree(dsinks); cudaFree(dpt); cudaFree(dused); cudaFree(dh); cudaFree(de);
+  cudaFree(dmask);
+  free(hk); free(hv); free(hq); free(hout); free(hlp); free(hlse); free(o64); free(l64);
+  free(hso); free(hsl); free(sinks); free(pt); free(used); free(rows); free(perm); free(e);
+  free(mask);
+  return ratio;
+}
+
+static const char *mname(uint32_t m) {
+  static const char *n[] = {"?", "prefill", "decode", "verify", "draft_decode", "draft_extend", "cross"};
+  return m <= 6 ? n[m] : "?";
+}
+
+/* Runs n cases of c (routes cycle), prints one line; returns the failures. */
+static int run_group(const cfg *c, int n, const char *tag) {
+  stats st = {0, 0, 0.0};
+  for (int i = 0; i < n; i++) {
+    int ok = 0;
+    double r = run_case(c, i % 3 == 2 ? 2 : (i % 3), &ok);
+    st.n++;
+    st.ok += ok;
+    if (r > st.worst || isnan(r)) st.worst = r;
+  }
+  printf("%s d%u/%u %s/%s page%u gqa%u%s: %d/%d ok, worst err/tol %.2f\n", mname(c->mode), c->d, c->dv,
+         dname(c->qt), dname(c->kt), c->ps, c->qh / c->kvh, tag, st.ok, st.n, st.worst);
+  fflush(stdout);
+  return st.n - st.ok;
+}
+
+static cfg base_cfg(uint32_t mode, uint32_t d, uint32_t dv, uint32_t qt, uint32_t kt, uint32_t ps,
+                    uint32_t qh, uint32_t kvh) {
+  cfg c;
+  memset(&c, 0, sizeof c);
+  c.mode = mode;
+  c.d = d;
+  c.dv = dv;
+  c.qt = qt;
+  c.kt = kt;
+  c.ps = ps;
+  c.qh = qh;
+  c.kvh = kvh;
+  c.window = FATTN_NO_WINDOW;
+  c.lse = 1;
+  c.max_bs = 16;
+  c.long_len = 4224;
+  c.budget = 400000;
+  return c;
+}
+
+static int total_fail, total_groups;
+static void group(const cfg *c, int n, const char *tag) {
+  total_fail += run_group(c, n, tag);
+  total_groups++;
+}
+
+/* ------------------------------------------------------------------- cases */
+
+static const uint32_t PAGES[5] = {1, 16, 64, 128, 256};
+static const uint32_t DIMS[6][2] = {{64, 64}, {96, 96}, {128, 128}, {192, 128}, {192, 192}, {256, 256}};
+static const uint32_t GQA[4][2] = {{4, 4}, {8, 2}, {8, 1}, {32, 1}};
+
+START_TEST(store_kv) {
+  int fails = 0;
+  for (int k = 0; k < 6; k++) {
+    uint32_t qt = k & 1 ? FP : BF, kt = k >= 4 ? F8 : qt, ps = PAGES[rnd(5)], d = DIMS[k][0], dvv = DIMS[k][1];
+    fattn__layer_params l;
+    memset(&l, 0, sizeof l);
+    l.num_q_heads = 8; l.num_kv_heads = 2; l.head_dim = d; l.head_dim_v = dvv; l.page_size = ps;
+    l.q_dtype = qt; l.kv_dtype = kt; l.k_scale = kt == F8 ? 0.37f : 1.f; l.v_scale = kt == F8 ? 2.5f : 1.f;
+    uint32_t bs = 1 + rnd(40);
+    fattn__entry *e = xmalloc(bs * sizeof *e);
+    uint32_t maxkv = 1;
+    for (uint32_t i = 0; i < bs; i++) {
+      memset(&e[i], 0, sizeof e[i]);
+      e[i].kv_len = 1 + rnd(700);
+      e[i].new_len = rnd(4) ? 1 + rnd(e[i].kv_len) : 0;
+      e[i].q_len = e[i].new_len;
+      e[i].mask_row = UINT32_MAX;
+      e[i].seq = i;
+      if (e[i].kv_len > maxkv) maxkv = e[i].kv_len;
+    }
+    fattn__step_hdr h;
+    memset(&h, 0, sizeof h);
+    h.mode = FATTN_MODE_PREFILL; h.num_entries = bs; h.num_kv_heads = 2; h.causal = 1;
+    h.max_splits = 1; h.target_ctas = 1;
+    fattn__prep(&h, e);
+    l.pages_per_seq = (maxkv + ps - 1) / ps;
+    l.num_pages = bs * l.pages_per_seq;
+    size_t pt_n = (size_t)bs * l.pages_per_seq;
+    int32_t *pt = xmalloc(pt_n * 4);
+    for (size_t i = 0; i < pt_n; i++) pt[i] = (int32_t)((i * 7919u) % pt_n); /* a permutation */
+    if (pt_n % 7919u == 0) for (size_t i = 0; i < pt_n; i++) pt[i] = (int32_t)(pt_n - 1 - i);
+    size_t slots = (size_t)l.num_pages * ps, kn = slots * 2 * d, vn = slots * 2 * dvv;
+    size_t nk = (size_t)h.num_new_tokens * 2 * d, nv = (size_t)h.num_new_tokens * 2 * dvv;
+    void *dk = dalloc(kn * esize(kt)), *dvp = dalloc(vn * esize(kt)), *dnk = dalloc(nk * 2), *dnv = dalloc(nv * 2);
+    int32_t *dpt = dalloc(pt_n * 4);
+    fattn__step_hdr *dh = dalloc(sizeof h);
+    fattn__entry *de = dalloc(bs * sizeof *e);
+    uint64_t seed = rng_next();
+    CK(fattn_test_gpu_randn(dk, kn, kt, 1.f, seed));
+    CK(fattn_test_gpu_randn(dvp, vn, kt, 1.f, seed + 1));
+    CK(fattn_test_gpu_randn(dnk, nk, qt, 2.f, seed + 2));
+    CK(fattn_test_gpu_randn(dnv, nv, qt, 2.f, seed + 3));
+    CK(cudaMemcpy(dpt, pt, pt_n * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dh, &h, sizeof h, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(de, e, bs * sizeof *e, cudaMemcpyHostToDevice));
+    void *hk = xmalloc(kn * esize(kt)), *hv = xmalloc(vn * esize(kt)), *hnk = xmalloc(nk * 2), *hnv = xmalloc(nv * 2);
+    void *gk = xmalloc(kn * esize(kt)), *gv = xmalloc(vn * esize(kt));
+    CK(cudaMemcpy(hk, dk, kn * esize(kt), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hv, dvp, vn * esize(kt), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hnk, dnk, nk * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hnv, dnv, nv * 2, cudaMemcpyDeviceToHost));
+    fattn__layer_params dl = l;
+    dl.k_pool = dk; dl.v_pool = dvp; dl.page_table = dpt;
+    fattn__step_params ds;
+    memset(&ds, 0, sizeof ds);
+    ds.hdr = dh; ds.entries = de; ds.cap_entries = bs; ds.cap_new_tokens = h.num_new_tokens + 9;
+    CK(fattn__fa2_store_kv(dl, ds, dnk, dnv, NULL));
+    CK(cudaMemcpy(gk, dk, kn * esize(kt), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(gv, dvp, vn * esize(kt), cudaMemcpyDeviceToHost));
+    fattn__layer_params hl = l;
+    hl.k_pool = hk; hl.v_pool = hv; hl.page_table = pt;
+    fattn__step_params hs = ds;
+    hs.hdr = &h; hs.entries = e;
+    fattn__ref_store_kv(hl, hs, hnk, hnv);
+    int ok = memcmp(gk, hk, kn * esize(kt)) == 0 && memcmp(gv, hv, vn * esize(kt)) == 0;
+    printf("store_kv d%u/%u %s/%s page%u: %u entries, %u rows, bytes %s\n", d, dvv, dname(qt), dname(kt), ps,
+           bs, h.num_new_tokens, ok ? "equal" : "DIFFER");
+    fails += !ok;
+    cudaFree(dk); cudaFree(dvp); cudaFree(dnk); cudaFree(dnv); cudaFree(dpt); cudaFree(dh); cudaFree(de);
+    free(hk); free(hv); free(hnk); free(hnv); free(gk); free(gv); free(pt); free(e);
+  }
+  ck_assert_int_eq(fails, 0);
+}
+END_TEST
+
+START_TEST(decode) {
+  int f0 = total_fail;
+  static const uint32_t TYPES[4][2] = {{BF, BF}, {FP, FP}, {BF, F8}, {FP, F8}};
+  for (int t = 0; t < 4; t++)
+    for (int p = 0; p < 5; p++) {
+      cfg c = base_cfg(FATTN_MODE_DECODE, 128, 128, TYPES[t][0], TYPES[t][1], PAGES[p], 8, 2);
+      c.max_bs = 48;
+      c.long_len = p == 1 && t < 2 ? 16384 : 4224;
+      group(&c, 2, "");
+    }
+  for (int k = 0; k < 6; k++)
+    for (int g = 0; g < 4; g++) {
+      cfg c = base_cfg(k % 2 ? FATTN_MODE_DRAFT_DECODE : FATTN_MODE_DECODE, DIMS[k][0], DIMS[k][1],
+                       (k + g) % 2 ? FP : BF, g == 3 ? F8 : (k + g) % 2 ? FP : BF, PAGES[(k + g) % 5],
+                       GQA[g][0], GQA[g][1]);
+      c.max_bs = g == 0 ? 256 : 32;
+      group(&c, 1, "");
+    }
+  /* bs 1 long sequences through split-KV. */
+  cfg c = base_cfg(FATTN_MODE_DECODE, 128, 128, BF, BF, 16, 4, 1);
+  c.max_bs = 1; c.long_len = 16384;
+  group(&c, 3, " long");
+  ck_assert_int_eq(total_fail - f0, 0);
+}
+END_TEST
+
+START_TEST(options) {
+  int f0 = total_fail;
+  uint32_t modes[4] = {FATTN_MODE_DECODE, FATTN_MODE_PREFILL, FATTN_MODE_TARGET_VERIFY, FATTN_MODE_DRAFT_EXTEND};
+  for (int m = 0; m < 4; m++)
+    for (int o = 0; o < 5; o++) {
+      cfg c = base_cfg(modes[m], 128, 128, o % 2 ? FP : BF, o == 4 ? F8 : o % 2 ? FP : BF, PAGES[(m + o) % 5], 8, 2);
+      c.max_bs = modes[m] == FATTN_MODE_PREFILL ? 4 : 16;
+      c.long_len = modes[m] == FATTN_MODE_PREFILL ? 700 : 4224;
+      const char *tag = "";
+      if (o == 0) { c.softcap = 3.0f; tag = " softcap"; }
+      if (o == 1) { c.window = 37 + (int)rnd(200); tag = " window"; }
+      if (o == 2) { c.chunk = 64u << rnd(3); tag = " chunk"; }
+      if (o == 3) { c.sinks = 1; c.lse = 1; tag = " sinks"; }
+      if (o == 4) { c.sinks = 1; c.window = 100; c.softcap = 5.0f; c.lse = 0; tag = " sinks+window+softcap nolse"; }
+      group(&c, 2, tag);
+    }
+  ck_assert_int_eq(total_fail - f0, 0);
+}
+END_TEST
+
+START_TEST(verify) {
+  int f0 = total_fail;
+  for (int k = 0; k < 6; k++) {
+    cfg c = base_cfg(FATTN_MODE_TARGET_VERIFY, DIMS[k][0], DIMS[k][1], k % 2 ? FP : BF, k == 2 ? F8 : k % 2 ? FP : BF,
+                     PAGES[k % 5], GQA[k % 4][0], GQA[k % 4][1]);
+    c.tree = k != 1;
+    c.max_bs = 8;
+    c.budget = 500000;
+    group(&c, 2, c.tree ? " tree" : " chain");
+  }
+  ck_assert_int_eq(total_fail - f0, 0);
+}
+END_TEST
+
+START_TEST(prefill) {
+  int f0 = total_fail;
+  for (int k = 0; k < 6; k++)
+    for (int p = 0; p < 5; p += 2) {
+      int t = (k + p) % 3;
+      cfg c = base_cfg(FATTN_MODE_PREFILL, DIMS[k][0], DIMS[k][1], t == 1 ? FP : BF, t == 2 ? F8 : t == 1 ? FP : BF,
+                       PAGES[(k + p) % 5], GQA[(k + p) % 4][0], GQA[(k + p) % 4][1]);
+      c.max_bs = 6;
+      c.long_len = 1000;
+      c.budget = 600000;
+      group(&c, 1, "");
+    }
+  cfg c = base_cfg(FATTN_MODE_PREFILL, 128, 128, BF, BF, 64, 2, 1);
+  c.max_bs = 1;
+  group(&c, 1, " long");
+  for (int k = 0; k < 3; k++) {
+    cfg x = base_cfg(FATTN_MODE_DRAFT_EXTEND, DIMS[2 * k][0], DIMS[2 * k][1], BF, k == 1 ? F8 : BF, PAGES[k + 1], 8, 2);
+    x.max_bs = 40;
+    group(&x, 2, "");
+    cfg y = base_cfg(FATTN_MODE_CROSS, DIMS[2 * k + 1][0], DIMS[2 * k + 1][1], FP, k == 2 ? F8 : FP, PAGES[k + 2], 8, 1);
+    y.max_bs = 8;
+    group(&y, 2, "");
+  }
+  ck_assert_int_eq(total_fail - f0, 0);
+}
+END_TEST
+
+START_TEST(totals) {
+  printf("fa2 totals: %d groups, %d failed cases\n", total_groups, total_fail);
+  ck_assert_int_eq(total_fail, 0);
+}
+END_TEST
+
+FATTN_SUITE("gpu_fa2", FATTN_TEST_GPU, store_kv, decode, options, verify, prefill, totals)
