@@ -53,7 +53,7 @@ CUDA_LIBS   := -L$(CUDA)/lib64 $(CUDA)/lib64/libcudart_static.a -lcurand
 SYS_LIBS    := -lstdc++ -lm -lpthread -ldl -lrt
 LINK_TEST = @echo '  LD    $@'; $(CC) $(CFLAGS) -o $@ $^ $(WRAP_FLAGS) $(STATIC_DEPS) $(CUDA_LIBS) $(SYS_LIBS)
 
-.PHONY: all deps run test cpu-test gpu-test gpu-sanitize asan fuzz fuzz-replay bench clean
+.PHONY: all deps run test cpu-test gpu-bundle gpu-test gpu-sanitize asan fuzz fuzz-replay bench clean
 .DEFAULT_GOAL := all
 .SECONDARY:
 
@@ -106,6 +106,14 @@ cpu-test: all
 # On the GPU machine the binaries built here arrive prebuilt: build/.carried marks them so
 # (that machine lacks the static jemalloc and Check to rebuild them).
 GPU_PREREQ := $(if $(wildcard $(BUILD)/.carried),,all)
+
+# What travels to a GPU machine: the GPU suites and fattn-bench, compressed (the fatbins are
+# large and compress 10x). There: tar xJf build/gpu-bundle.tar.xz && make gpu-test
+gpu-bundle: all
+	@touch $(BUILD)/.carried
+	@tar cJf $(BUILD)/gpu-bundle.tar.xz $(GPU_TESTS) $(BUILD)/fattn-bench $(BUILD)/.carried
+	@rm -f $(BUILD)/.carried
+	@echo "  TAR   $(BUILD)/gpu-bundle.tar.xz ($$(du -h $(BUILD)/gpu-bundle.tar.xz | cut -f1))"
 
 gpu-test: $(GPU_PREREQ)
 	@bash tests/run.sh --require-gpu $(GPU_TESTS)
