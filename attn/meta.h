@@ -92,37 +92,59 @@ FATTN__HD uint32_t fattn__splits_for(const fattn__step_hdr *h, uint32_t kv_len,
   return n;
 }
 
-/* Fills the derived fields of entries and header. Split rows beyond the workspace fall
- * back to one split, so the plan is valid for any batch. */
+/* The split of one entry, decided from the entry alone so that the device can derive every
+ * entry in parallel (attn/prep.cu) and still agree with fattn__prep. */
+FATTN__HD void fattn__split_of(const fattn__step_hdr *h, fattn__entry *x) {
+  uint32_t n = fattn__splits_for(h, x->kv_len, x->q_len), len = x->kv_len;
+  if (n > 1u) {
+    len = fattn__ceil_div(fattn__ceil_div(x->kv_len, n), FATTN__SPLIT_ALIGN) * FATTN__SPLIT_ALIGN;
+    n = fattn__ceil_div(x->kv_len, len);
+    if (n < 2u) {
+      n = 1u;
+      len = x->kv_len;
+    }
+  }
+  x->num_splits = n;
+  x->split_len = len;
+}
+
+/* Workspace rows an entry's splits take. */
+FATTN__HD uint64_t fattn__split_rows(const fattn__entry *x) {
+  return x->num_splits > 1u ? (uint64_t)x->num_splits * x->q_len : 0u;
+}
+
+/* A step whose splits would overflow the workspace runs with no split at all: one rule that
+ * needs only the total, so the plan is valid for any batch and parallel on the device. */
+FATTN__HD void fattn__unsplit(fattn__entry *x) {
+  x->num_splits = 1u;
+  x->split_len = x->kv_len;
+  x->split_row = UINT32_MAX;
+}
+
+/* Fills the derived fields of entries and header (the host's sequential version). */
 FATTN__HD void fattn__prep(fattn__step_hdr *h, fattn__entry *e) {
-  uint32_t q = 0, nw = 0, tiles = 0, rows = 0;
+  uint32_t q = 0, nw = 0, tiles = 0;
+  uint64_t rows = 0;
   for (uint32_t i = 0; i < h->num_entries; i++) {
     fattn__entry *x = &e[i];
     x->q_start = q;
     x->new_start = nw;
     x->tile_start = tiles;
-    uint32_t n = fattn__splits_for(h, x->kv_len, x->q_len);
-    uint32_t len = x->kv_len;
-    if (n > 1u) {
-      len = fattn__ceil_div(fattn__ceil_div(x->kv_len, n), FATTN__SPLIT_ALIGN) * FATTN__SPLIT_ALIGN;
-      n = fattn__ceil_div(x->kv_len, len);
-      if (n < 2u || rows + n * x->q_len > h->split_rows_cap) {
-        n = 1u;
-        len = x->kv_len;
-      }
-    }
-    x->num_splits = n;
-    x->split_len = len;
-    x->split_row = n > 1u ? rows : UINT32_MAX;
-    if (n > 1u) rows += n * x->q_len;
+    fattn__split_of(h, x);
+    x->split_row = x->num_splits > 1u ? (uint32_t)rows : UINT32_MAX;
+    rows += fattn__split_rows(x);
     q += x->q_len;
     nw += x->new_len;
     tiles += fattn__ceil_div(x->q_len, FATTN__Q_TILE);
   }
+  if (rows > h->split_rows_cap) {
+    for (uint32_t i = 0; i < h->num_entries; i++) fattn__unsplit(&e[i]);
+    rows = 0;
+  }
   h->num_q_tokens = q;
   h->num_new_tokens = nw;
   h->num_tiles = tiles;
-  h->num_split_rows = rows;
+  h->num_split_rows = (uint32_t)rows;
 }
 
 #endif /* FATTN_ATTN_META_H */

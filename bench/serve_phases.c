@@ -52,7 +52,7 @@ static double prefill(serve *s, const uint32_t *ids, uint32_t n, uint32_t len) {
   return ms;
 }
 
-static double decode_steps(serve *s, const uint32_t *ids, uint32_t n, uint32_t steps, int graph, int progress) {
+static double decode_steps(serve *s, const uint32_t *ids, uint32_t n, uint32_t steps, int graph) {
   double *t = malloc(steps * sizeof *t);
   fattn_batch b = FATTN_BATCH_INIT;
   b.mode = FATTN_MODE_DECODE;
@@ -61,10 +61,6 @@ static double decode_steps(serve *s, const uint32_t *ids, uint32_t n, uint32_t s
   for (uint32_t i = 0; i < steps; i++) {
     grow(s, ids, n, 1);
     t[i] = fattn_bench_step(s, &b, n, graph);
-    if (progress && (i + 1) % 64 == 0) {
-      printf("  decode %s step %u/%u: %.3f ms\n", graph ? "graph" : "eager", i + 1, steps, t[i]);
-      fflush(stdout);
-    }
   }
   double m = median(t, steps);
   free(t);
@@ -99,25 +95,44 @@ static double kernel_sum_ms(serve *s) {
   return total;
 }
 
+/* Each decode step runs eagerly and then, over the same slot, as a graph: both see the same
+ * context length, so their medians compare. */
 void fattn_bench_one_batch(serve *s, serve_result *r) {
-  uint32_t n = s->p.batch, *ids = s->req;
+  uint32_t n = s->p.batch, *ids = s->req, steps = s->p.output;
   open_seqs(s, ids, n);
-  printf("\none batch: %u requests, input %u, output %u\n", n, s->p.input, s->p.output);
+  printf("\none batch: %u requests, input %u, output %u\n", n, s->p.input, steps);
   r->prefill_ms = prefill(s, ids, n, s->p.input);
   printf("  prefill: %.3f ms\n", r->prefill_ms);
-  uint32_t half = s->p.output / 2;
-  r->decode_eager_ms = decode_steps(s, ids, n, half, 0, 1);
+  if (s->gpu) fattn_bench_capture(s, FATTN_MODE_DECODE, n, n, s->layers);
+  double *te = malloc(steps * sizeof *te), *tg = malloc(steps * sizeof *tg);
+  fattn_batch b = FATTN_BATCH_INIT;
+  b.num_seqs = n;
+  b.seq_ids = ids;
+  for (uint32_t i = 0; i < steps; i++) {
+    grow(s, ids, n, 1);
+    te[i] = fattn_bench_step(s, &b, n, 0);
+    tg[i] = 0;
+    if (s->gpu) {
+      for (uint32_t j = 0; j < n; j++) {
+        uint32_t len;
+        fattn_seq_length(s->ctx, ids[j], &len);
+        check(fattn_seq_truncate(s->ctx, ids[j], len - 1), s, "fattn_seq_truncate");
+      }
+      grow(s, ids, n, 1);
+      tg[i] = fattn_bench_step(s, &b, n, 1);
+    }
+    if ((i + 1) % 128 == 0) {
+      printf("  decode step %u/%u: eager %.3f ms, graph %.3f ms\n", i + 1, steps, te[i], tg[i]);
+      fflush(stdout);
+    }
+  }
+  r->decode_eager_ms = median(te, steps);
+  r->decode_graph_ms = s->gpu ? median(tg, steps) : 0;
+  free(te), free(tg);
   if (s->gpu) {
-    fattn_bench_capture(s, FATTN_MODE_DECODE, n, n, s->layers);
-    r->decode_graph_ms = decode_steps(s, ids, n, s->p.output - half, 1, 1);
-    fattn_batch b = FATTN_BATCH_INIT;
-    b.num_seqs = n;
-    b.seq_ids = ids;
     check(fattn_plan(s->ctx, &b, s->stream), s, "fattn_plan");
     s->tokens = n;
     r->kernel_sum_ms = kernel_sum_ms(s);
-  } else {
-    r->decode_eager_ms = (r->decode_eager_ms + decode_steps(s, ids, n, s->p.output - half, 0, 0)) / 2;
   }
 }
 
@@ -191,9 +206,9 @@ void fattn_bench_batch_sweep(serve *s, serve_result *r) {
     open_seqs(s, ids, bs);
     prefill(s, ids, bs, 512);
     r->sweep_bs[k] = bs;
-    r->sweep_eager_ms[k] = decode_steps(s, ids, bs, 16, 0, 0);
+    r->sweep_eager_ms[k] = decode_steps(s, ids, bs, 16, 0);
     fattn_bench_capture(s, FATTN_MODE_DECODE, bs, bs, s->layers);
-    r->sweep_graph_ms[k] = decode_steps(s, ids, bs, 16, 1, 0);
+    r->sweep_graph_ms[k] = decode_steps(s, ids, bs, 16, 1);
     if (bs == 256) { /* host side of plan + launch, the device idle before each */
       double t[21];
       fattn_batch b = FATTN_BATCH_INIT;

@@ -86,17 +86,40 @@ static uint32_t random_batch(fattn_ctx *ctx, uint64_t *seed, fattn_mode mode, ui
   return reqs * per;
 }
 
-/* The device derives the same metadata as fattn__prep on the host, from NaN-poisoned memory. */
+/* Plans b (n entries) into NaN-poisoned metadata; the device's derivation must equal
+ * fattn__prep on the host over the staged input, and its page table the host's mirror. */
+static void expect_prep_matches(fattn_ctx *ctx, const fattn_batch *b, uint32_t n) {
+  uint8_t *inbox = ctx->dev + ctx->lay.dev_off[FATTN_REGION_METADATA];
+  uint8_t *table = ctx->dev + ctx->lay.dev_off[FATTN_REGION_PAGE_TABLE];
+  size_t table_bytes = (size_t)ctx->pages.max_seqs * ctx->pages.pages_per_seq * 4;
+  uint32_t *dev_table = malloc(table_bytes);
+  fattn__entry *want_e = malloc(n * sizeof *want_e), *got_e = malloc(n * sizeof *got_e);
+  ck_assert_int_eq(cudaMemset(inbox, 0xff, ctx->lay.slot_bytes), cudaSuccess);
+  ck_assert_msg(fattn_plan(ctx, b, NULL) == FATTN_OK, "%s", fattn_detail(ctx));
+  ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
+  uint32_t used = (ctx->ring_next + ctx->n.staging_slots - 1) % ctx->n.staging_slots;
+  uint8_t *staged = ctx->ring + (uint64_t)used * ctx->lay.slot_bytes;
+  fattn__step_hdr want = *(fattn__step_hdr *)staged, got;
+  memcpy(want_e, staged + fattn__area_entries_off(), n * sizeof *want_e);
+  fattn__prep(&want, want_e);
+  ck_assert_int_eq(cudaMemcpy(&got, inbox, sizeof got, cudaMemcpyDeviceToHost), cudaSuccess);
+  ck_assert_int_eq(cudaMemcpy(got_e, inbox + fattn__area_entries_off(), n * sizeof *got_e, cudaMemcpyDeviceToHost),
+                   cudaSuccess);
+  ck_assert_int_eq(memcmp(&got, &want, sizeof got), 0);
+  ck_assert_int_eq(memcmp(got_e, want_e, n * sizeof *got_e), 0);
+  ck_assert_uint_eq(got.num_entries, n);
+  ck_assert_int_eq(cudaMemcpy(dev_table, table, table_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  ck_assert_int_eq(memcmp(dev_table, ctx->pages.table, table_bytes), 0);
+  free(dev_table), free(want_e), free(got_e);
+}
+
+/* Random batches of every decode-side mode and prefill. */
 START_TEST(prep_kernel_matches_host_plan) {
   fattn_config c;
   fattn_model m;
   gpu_small(&c, &m);
   fattn_ctx *ctx;
   ck_assert_ok(fattn_create(&c, &m, &ctx, detail, sizeof detail));
-  uint8_t *inbox = ctx->dev + ctx->lay.dev_off[FATTN_REGION_METADATA];
-  uint8_t *table = ctx->dev + ctx->lay.dev_off[FATTN_REGION_PAGE_TABLE];
-  size_t table_bytes = (size_t)ctx->pages.max_seqs * ctx->pages.pages_per_seq * 4;
-  uint32_t *dev_table = malloc(table_bytes);
   uint64_t seed = 1;
   const fattn_mode modes[4] = {FATTN_MODE_DECODE, FATTN_MODE_PREFILL, FATTN_MODE_TARGET_VERIFY,
                                FATTN_MODE_DRAFT_DECODE};
@@ -104,28 +127,46 @@ START_TEST(prep_kernel_matches_host_plan) {
     uint32_t ids[32], q[32];
     fattn_batch b;
     uint32_t n = random_batch(ctx, &seed, modes[round % 4], ids, q, &b);
-    ck_assert_int_eq(cudaMemset(inbox, 0xff, ctx->lay.slot_bytes), cudaSuccess);
-    ck_assert_msg(fattn_plan(ctx, &b, NULL) == FATTN_OK, "%s", fattn_detail(ctx));
-    ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
-    uint32_t used = (ctx->ring_next + ctx->n.staging_slots - 1) % ctx->n.staging_slots;
-    uint8_t *staged = ctx->ring + (uint64_t)used * ctx->lay.slot_bytes;
-    fattn__step_hdr want = *(fattn__step_hdr *)staged, got;
-    fattn__entry want_e[32], got_e[32];
-    memcpy(want_e, staged + fattn__area_entries_off(), n * sizeof *want_e);
-    fattn__prep(&want, want_e);
-    ck_assert_int_eq(cudaMemcpy(&got, inbox, sizeof got, cudaMemcpyDeviceToHost), cudaSuccess);
-    ck_assert_int_eq(cudaMemcpy(got_e, inbox + fattn__area_entries_off(), n * sizeof *got_e,
-                                cudaMemcpyDeviceToHost), cudaSuccess);
-    ck_assert_int_eq(memcmp(&got, &want, sizeof got), 0);
-    ck_assert_int_eq(memcmp(got_e, want_e, n * sizeof *got_e), 0);
-    ck_assert_uint_eq(got.num_entries, n);
-    ck_assert_int_eq(cudaMemcpy(dev_table, table, table_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-    ck_assert_int_eq(memcmp(dev_table, ctx->pages.table, table_bytes), 0);
+    expect_prep_matches(ctx, &b, n);
     for (uint32_t i = 0; i < n; i++) ck_assert_ok(fattn_seq_close(ctx, ids[i]));
   }
   ck_assert_ok(fattn_check(ctx));
-  free(dev_table);
   ck_assert_ok(fattn_destroy(ctx, 0));
+}
+END_TEST
+
+/* More entries than the prep block has threads (the scan carries across chunks), and a
+ * verify step whose splits overflow the workspace (every entry falls back to one split). */
+START_TEST(prep_kernel_many_entries_and_unsplit) {
+  fattn_config c;
+  fattn_model m;
+  gpu_small(&c, &m);
+  c.max_batch = 1500;
+  c.max_seqs = 3000;
+  c.max_q_tokens = 6000;
+  c.kv_budget_pages = 1500 * 200;
+  c.max_splits = 2; /* 128 workspace rows */
+  fattn_ctx *ctx;
+  ck_assert_msg(fattn_create(&c, &m, &ctx, detail, sizeof detail) == FATTN_OK, "%s", detail);
+  static uint32_t ids[1500], q[1500];
+  uint64_t seed = 3;
+  for (uint32_t i = 0; i < 1500; i++) {
+    ck_assert_ok(fattn_seq_open(ctx, &ids[i]));
+    ck_assert_ok(fattn_seq_reserve(ctx, ids[i], 4 + rnd(&seed) % 700));
+    q[i] = 1;
+  }
+  fattn_batch b = FATTN_BATCH_INIT;
+  b.num_seqs = 1500, b.seq_ids = ids, b.q_lens = q;
+  expect_prep_matches(ctx, &b, 1500);
+  for (uint32_t i = 0; i < 40; i++) q[i] = 4;
+  b.mode = FATTN_MODE_TARGET_VERIFY, b.num_seqs = 40, b.q_lens = NULL;
+  for (uint32_t i = 0; i < 40; i++) ck_assert_ok(fattn_seq_reserve(ctx, ids[i], 600 + 4));
+  expect_prep_matches(ctx, &b, 40);
+  fattn__step_hdr h;
+  ck_assert_int_eq(cudaMemcpy(&h, ctx->dev + ctx->lay.dev_off[FATTN_REGION_METADATA], sizeof h,
+                              cudaMemcpyDeviceToHost), cudaSuccess);
+  ck_assert_uint_eq(h.num_split_rows, 0); /* 40 x 2 splits x 4 rows > 128: no split */
+  ck_assert_ok(fattn_destroy(ctx, 1));
 }
 END_TEST
 
@@ -212,5 +253,6 @@ START_TEST(plan_makes_no_forbidden_call_on_gpu) {
 END_TEST
 
 FATTN_SUITE("gpu_arena", FATTN_TEST_GPU, create_takes_one_device_and_one_pinned_allocation,
-            device_and_pinned_faults_fail_cleanly, prep_kernel_matches_host_plan, copy_on_write_copies_every_layer,
+            device_and_pinned_faults_fail_cleanly, prep_kernel_matches_host_plan, prep_kernel_many_entries_and_unsplit,
+            copy_on_write_copies_every_layer,
             plan_makes_no_forbidden_call_on_gpu)

@@ -110,7 +110,7 @@ static void read_out(rig *r, uint16_t *out, float *lse, uint32_t tokens) {
   ck_assert_int_eq(cudaMemcpy(lse, r->lse, (size_t)tokens * HQ * 4, cudaMemcpyDeviceToHost), cudaSuccess);
 }
 
-/* 50 replays a mode with random batch sizes and lengths: graph output equals eager bit for
+/* 50 replays a mode (4 under FATTN_TEST_QUICK) with random batch sizes and lengths: graph output equals eager bit for
  * bit, padding rows come out as zeros, and plan + launch make no forbidden call. */
 START_TEST(replay_equals_eager_every_mode) {
   rig r;
@@ -121,9 +121,10 @@ START_TEST(replay_equals_eager_every_mode) {
   static float eager_lse[CAP * HQ], graph_lse[CAP * HQ];
   uint64_t seed = 7;
   long forbidden = 0;
+  const int reps = getenv("FATTN_TEST_QUICK") ? 4 : 50; /* under compute-sanitizer */
   for (int m = 0; m < 4; m++) {
     for (uint32_t b = 1; b <= MAXB; b++) ck_assert_msg(fattn_graph_capture(r.ctx, modes[m], b, layers, &r) == FATTN_OK, "%s", fattn_detail(r.ctx));
-    for (int rep = 0; rep < 50; rep++) {
+    for (int rep = 0; rep < reps; rep++) {
       uint32_t ids[128], q[64], opened;
       uint64_t mask[MAXB * DRAFT];
       fattn_batch b;
