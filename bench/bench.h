@@ -7,6 +7,7 @@
 #include <stdio.h>
 
 #include "fattn.h"
+#include "tests/shapes.h"
 
 int fattn_bench_run(int argc, char **argv);  /* the main job: memory plan + scheduler simulation */
 int fattn_bench_plan(int argc, char **argv); /* host time of fattn_plan */
@@ -17,7 +18,6 @@ int fattn_bench_steps(void);                 /* real steps on the CPU backend vs
 
 double fattn_bench_now(void);                 /* monotonic seconds */
 int fattn_bench_has_gpu(void);
-void fattn_bench_llama8b(fattn_config *cfg, fattn_model *model, int device);
 void fattn_bench_print_plan(const fattn_memory_report *r, FILE *out);
 
 #endif /* FATTN_BENCH_H */

@@ -21,23 +21,6 @@ int fattn_bench_has_gpu(void) {
   return n > 0;
 }
 
-void fattn_bench_llama8b(fattn_config *cfg, fattn_model *model, int device) {
-  const fattn_config c = FATTN_CONFIG_INIT;
-  const fattn_model m = FATTN_MODEL_INIT;
-  *cfg = c;
-  *model = m;
-  model->num_layers = 32;
-  model->num_q_heads = 32;
-  model->num_kv_heads = 8;
-  model->head_dim = 128;
-  cfg->device = device;
-  cfg->page_size = 16;
-  cfg->kv_budget_bytes = 80ull << 30;
-  cfg->max_batch = 256;
-  cfg->max_seq_len = 131072;
-  cfg->max_q_tokens = 8192;
-}
-
 void fattn_bench_print_plan(const fattn_memory_report *r, FILE *out) {
   uint64_t total = r->device_bytes + r->pinned_bytes;
   fprintf(out, "%-16s %18s %8s\n", "region", "bytes", "share");

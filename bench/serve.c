@@ -98,7 +98,7 @@ static void open_serve(serve *s, int gpu) {
   s->gpu = gpu;
   fattn_config cfg;
   fattn_model m;
-  fattn_bench_llama8b(&cfg, &m, gpu ? 0 : FATTN_DEVICE_CPU);
+  fattn_shape_llama8b(&cfg, &m, gpu ? 0 : FATTN_DEVICE_CPU);
   s->p = gpu ? (serve_shape){16, 1024, 512, 256} : (serve_shape){4, 64, 16, 8};
   if (!gpu) { /* the same flow, scaled to a host */
     m.num_layers = 2, m.num_q_heads = 4, m.num_kv_heads = 2, m.head_dim = 64;

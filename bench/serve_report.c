@@ -8,7 +8,7 @@
 static uint64_t graph_static_bytes(void) {
   fattn_config cfg;
   fattn_model m;
-  fattn_bench_llama8b(&cfg, &m, 0);
+  fattn_shape_llama8b(&cfg, &m, 0);
   cfg.spec_topk = 4, cfg.spec_steps = 5, cfg.spec_draft_tokens = 8;
   cfg.graph_modes = (1u << FATTN_MODE_DECODE) | (1u << FATTN_MODE_DRAFT_DECODE) | (1u << FATTN_MODE_TARGET_VERIFY) |
                     (1u << FATTN_MODE_DRAFT_EXTEND);

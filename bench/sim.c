@@ -115,7 +115,7 @@ int fattn_bench_run(int argc, char **argv) {
   fattn_config cfg;
   fattn_model model;
   int gpu = fattn_bench_has_gpu();
-  fattn_bench_llama8b(&cfg, &model, gpu ? 0 : FATTN_DEVICE_CPU);
+  fattn_shape_llama8b(&cfg, &model, gpu ? 0 : FATTN_DEVICE_CPU);
   cfg.max_seqs = 512;
   char detail[256];
   fattn_memory_report plan = FATTN_MEMORY_REPORT_INIT;

@@ -60,18 +60,14 @@ START_TEST(device_and_pinned_faults_fail_cleanly) {
 }
 END_TEST
 
-static uint32_t rnd(uint64_t *s) {
-  *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-  return (uint32_t)(*s >> 33);
-}
 
 /* Random sequences, forks and a random batch of the given mode; returns its entry count. */
 static uint32_t random_batch(fattn_ctx *ctx, uint64_t *seed, fattn_mode mode, uint32_t *ids, uint32_t *q,
                              fattn_batch *b) {
-  uint32_t reqs = 1 + rnd(seed) % 16, per = mode == FATTN_MODE_DRAFT_DECODE ? 2 : 1;
+  uint32_t reqs = 1 + fattn_test_rand(seed) % 16, per = mode == FATTN_MODE_DRAFT_DECODE ? 2 : 1;
   for (uint32_t i = 0; i < reqs * per; i++) {
-    uint32_t len = 1 + rnd(seed) % 200;
-    q[i] = mode == FATTN_MODE_PREFILL ? 1 + rnd(seed) % (len < 100 ? len : 100)
+    uint32_t len = 1 + fattn_test_rand(seed) % 200;
+    q[i] = mode == FATTN_MODE_PREFILL ? 1 + fattn_test_rand(seed) % (len < 100 ? len : 100)
            : mode == FATTN_MODE_TARGET_VERIFY ? 4 : 1;
     if (len < q[i]) len = q[i];
     ck_assert_ok(fattn_seq_open(ctx, &ids[i]));
@@ -152,7 +148,7 @@ START_TEST(prep_kernel_many_entries_and_unsplit) {
   uint64_t seed = 3;
   for (uint32_t i = 0; i < 1500; i++) {
     ck_assert_ok(fattn_seq_open(ctx, &ids[i]));
-    ck_assert_ok(fattn_seq_reserve(ctx, ids[i], 4 + rnd(&seed) % 700));
+    ck_assert_ok(fattn_seq_reserve(ctx, ids[i], 4 + fattn_test_rand(&seed) % 700));
     q[i] = 1;
   }
   fattn_batch b = FATTN_BATCH_INIT;
@@ -170,6 +166,14 @@ START_TEST(prep_kernel_many_entries_and_unsplit) {
 }
 END_TEST
 
+/* Page `page` of layer l's pool (0 K, 1 V) on the device, and the bytes the test puts there. */
+static uint8_t *pool_page(fattn_ctx *ctx, uint32_t l, int pool, uint32_t page, size_t bytes, uint8_t *pattern) {
+  for (size_t i = 0; i < bytes; i++) pattern[i] = (uint8_t)(i * 7 + l * 31 + pool * 101);
+  uint8_t *base = pool ? ctx->dev + ctx->lay.dev_off[FATTN_REGION_V_POOL] + l * ctx->lay.v_layer_bytes
+                       : ctx->dev + ctx->lay.dev_off[FATTN_REGION_K_POOL] + l * ctx->lay.k_layer_bytes;
+  return base + page * bytes;
+}
+
 /* Copy-on-write on the device: the fork's private tail page holds the parent's bytes, also
  * when copies chain within one plan (a -> b, then b -> c). */
 START_TEST(copy_on_write_copies_every_layer) {
@@ -178,7 +182,6 @@ START_TEST(copy_on_write_copies_every_layer) {
   gpu_small(&c, &m);
   fattn_ctx *ctx;
   ck_assert_ok(fattn_create(&c, &m, &ctx, detail, sizeof detail));
-  uint8_t *k = ctx->dev + ctx->lay.dev_off[FATTN_REGION_K_POOL], *v = ctx->dev + ctx->lay.dev_off[FATTN_REGION_V_POOL];
   size_t page = (size_t)c.page_size * m.num_kv_heads * m.head_dim * 2;
   uint8_t *pattern = malloc(page), *back = malloc(page);
   uint32_t a, f;
@@ -187,9 +190,8 @@ START_TEST(copy_on_write_copies_every_layer) {
   uint32_t tail = ctx->pages.table[(size_t)a * ctx->pages.pages_per_seq + 1];
   for (uint32_t l = 0; l < m.num_layers; l++)
     for (int pool = 0; pool < 2; pool++) {
-      for (size_t i = 0; i < page; i++) pattern[i] = (uint8_t)(i * 7 + l * 31 + pool * 101);
-      uint8_t *base = (pool ? v + l * ctx->lay.v_layer_bytes : k + l * ctx->lay.k_layer_bytes) + tail * page;
-      ck_assert_int_eq(cudaMemcpy(base, pattern, page, cudaMemcpyHostToDevice), cudaSuccess);
+      uint8_t *dst = pool_page(ctx, l, pool, tail, page, pattern);
+      ck_assert_int_eq(cudaMemcpy(dst, pattern, page, cudaMemcpyHostToDevice), cudaSuccess);
     }
   uint32_t g;
   ck_assert_ok(fattn_seq_fork(ctx, a, 6, &f));
@@ -206,9 +208,8 @@ START_TEST(copy_on_write_copies_every_layer) {
   ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
   for (uint32_t l = 0; l < m.num_layers; l++)
     for (int pool = 0; pool < 2; pool++) {
-      for (size_t i = 0; i < page; i++) pattern[i] = (uint8_t)(i * 7 + l * 31 + pool * 101);
-      uint8_t *base = (pool ? v + l * ctx->lay.v_layer_bytes : k + l * ctx->lay.k_layer_bytes) + copy * page;
-      ck_assert_int_eq(cudaMemcpy(back, base, page, cudaMemcpyDeviceToHost), cudaSuccess);
+      uint8_t *src = pool_page(ctx, l, pool, copy, page, pattern);
+      ck_assert_int_eq(cudaMemcpy(back, src, page, cudaMemcpyDeviceToHost), cudaSuccess);
       ck_assert_msg(memcmp(back, pattern, page) == 0, "layer %u pool %d not copied", l, pool);
     }
   free(pattern);

@@ -63,10 +63,7 @@ static void close_rig(rig *r) {
   cudaStreamDestroy(r->stream);
 }
 
-static uint32_t rnd(uint64_t *s, uint32_t n) {
-  *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-  return (uint32_t)(*s >> 33) % n;
-}
+static uint32_t rnd(uint64_t *s, uint32_t n) { return fattn_test_rand(s) % n; }
 
 /* A random batch of mode with its sequences; returns the query tokens. */
 static uint32_t make_batch(rig *r, fattn_mode mode, uint64_t *seed, fattn_batch *b, uint32_t *ids, uint32_t *q,

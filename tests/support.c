@@ -34,23 +34,6 @@ void fattn_test_small(fattn_config *cfg, fattn_model *model) {
   cfg->max_q_tokens = 256;
 }
 
-void fattn_test_llama8b(fattn_config *cfg, fattn_model *model, int device) {
-  const fattn_config c = FATTN_CONFIG_INIT;
-  const fattn_model m = FATTN_MODEL_INIT;
-  *cfg = c;
-  *model = m;
-  model->num_layers = 32;
-  model->num_q_heads = 32;
-  model->num_kv_heads = 8;
-  model->head_dim = 128;
-  cfg->device = device;
-  cfg->page_size = 16;
-  cfg->kv_budget_bytes = 80ull << 30;
-  cfg->max_batch = 256;
-  cfg->max_seq_len = 131072;
-  cfg->max_q_tokens = 8192;
-}
-
 void fattn_fault_arm(fattn_fault_kind kind, long nth) {
   for (int k = 0; k < FATTN_FAULT_KINDS; k++) { fail_at[k] = 0; seen[k] = 0; }
   if (nth > 0) fail_at[kind] = nth;

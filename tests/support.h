@@ -39,9 +39,11 @@ long fattn_fault_seen(fattn_fault_kind kind);
 /* A small CPU-backend model and config most suites start from: 2 layers, 4 q / 2 kv heads,
  * d 64, bf16, page 4, 64 pages, max_batch 8, max_seq_len 64. */
 void fattn_test_small(fattn_config *cfg, fattn_model *model);
-/* The Llama-3.1-8B shape: 32 layers, 32 q / 8 kv heads, d 128, bf16, page 16, 80 GiB,
- * max_batch 256, max_seq_len 131072, max_q_tokens 8192. device as given. */
-void fattn_test_llama8b(fattn_config *cfg, fattn_model *model, int device);
+/* A deterministic generator (LCG), so that failing runs repeat. */
+static inline uint32_t fattn_test_rand(uint64_t *s) {
+  *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+  return (uint32_t)(*s >> 33);
+}
 
 /* Everything the page allocator owns, as one malloc'd byte string (free it): equal
  * snapshots before and after a rejected call prove it changed nothing. */

@@ -5,11 +5,6 @@
 
 static char detail[256];
 
-/* A small deterministic generator so that runs repeat. */
-static uint32_t rnd(uint64_t *s) {
-  *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-  return (uint32_t)(*s >> 33);
-}
 
 START_TEST(sequence_ops_and_plan_make_no_forbidden_call) {
   fattn_config c;
@@ -27,12 +22,12 @@ START_TEST(sequence_ops_and_plan_make_no_forbidden_call) {
   for (size_t i = 0; i < sizeof q / 2; i++) q[i] = (uint16_t)(0x3c00 + i % 89);
   fattn_calls_reset();
   for (int step = 0; step < 5000; step++) {
-    uint32_t r = rnd(&seed) % 6, i = n ? rnd(&seed) % n : 0, len = 0;
+    uint32_t r = fattn_test_rand(&seed) % 6, i = n ? fattn_test_rand(&seed) % n : 0, len = 0;
     if (n) fattn_seq_length(ctx, ids[i], &len);
     if (r == 0 && n < 8) {
       fails += fattn_seq_open(ctx, &ids[n++]) != FATTN_OK;
     } else if (r == 1 && n && len + 9 <= c.max_seq_len) {
-      fails += fattn_seq_reserve(ctx, ids[i], len + 1 + rnd(&seed) % 9) != FATTN_OK;
+      fails += fattn_seq_reserve(ctx, ids[i], len + 1 + fattn_test_rand(&seed) % 9) != FATTN_OK;
     } else if (r == 2 && n && n < 8) {
       fails += fattn_seq_fork(ctx, ids[i], len / 2, &ids[n++]) != FATTN_OK;
     } else if (r == 3 && n) {

@@ -2,6 +2,7 @@
  * detail messages, status strings, and create/destroy on the CPU backend. */
 #include <math.h>
 
+#include "tests/shapes.h"
 #include "tests/support.h"
 
 static char detail[256];
@@ -9,7 +10,7 @@ static char detail[256];
 START_TEST(plan_llama8b_exact) {
   fattn_config c;
   fattn_model m;
-  fattn_test_llama8b(&c, &m, FATTN_DEVICE_CPU);
+  fattn_shape_llama8b(&c, &m, FATTN_DEVICE_CPU);
   fattn_memory_report r = FATTN_MEMORY_REPORT_INIT;
   ck_assert_ok(fattn_memory_plan(&c, &m, &r, detail, sizeof detail));
   /* one page: 32 layers x 16 tokens x (K + V) x 8 heads x 128 dims x 2 bytes */
