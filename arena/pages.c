@@ -35,7 +35,8 @@ fattn_status fattn__pages_init(fattn_ctx *ctx) {
   return FATTN_OK;
 }
 
-void fattn__pages_mark(fattn__pages *p, uint32_t row, uint32_t lo, uint32_t hi) {
+/* Entries [lo, hi) of row changed: the next plan ships them. */
+static void mark(fattn__pages *p, uint32_t row, uint32_t lo, uint32_t hi) {
   fattn__seq *s = &p->seqs[row];
   if (lo >= hi) return;
   if (!s->listed) {
@@ -132,7 +133,7 @@ fattn_status fattn_seq_reserve(fattn_ctx *ctx, uint32_t seq, uint32_t num_tokens
   for (uint32_t i = s->npages; i < need; i++) row[i] = page_take(p);
   s->npages = need;
   s->len = num_tokens;
-  fattn__pages_mark(p, seq, first, need);
+  mark(p, seq, first, need);
   return FATTN_OK;
 }
 
@@ -157,7 +158,7 @@ fattn_status fattn_seq_fork(fattn_ctx *ctx, uint32_t src, uint32_t num_tokens, u
   }
   p->seqs[id].npages = n;
   p->seqs[id].len = num_tokens;
-  fattn__pages_mark(p, id, 0, n);
+  mark(p, id, 0, n);
   *dst = id;
   return FATTN_OK;
 }
@@ -169,7 +170,7 @@ static void shrink(fattn__pages *p, uint32_t seq, uint32_t num_tokens) {
   if (!p->caller_owned)
     for (uint32_t i = keep; i < s->npages; i++) page_unref(p, row[i]);
   for (uint32_t i = keep; i < s->npages; i++) row[i] = FATTN__PAGE_NONE;
-  fattn__pages_mark(p, seq, keep, s->npages);
+  mark(p, seq, keep, s->npages);
   s->npages = keep;
   s->len = num_tokens;
 }
@@ -225,7 +226,7 @@ fattn_status fattn_seq_map(fattn_ctx *ctx, uint32_t seq, uint32_t first, uint32_
   if (first + count > s->npages) s->npages = first + count;
   uint64_t len = (uint64_t)s->npages * p->page_size;
   s->len = len > p->max_seq_len ? p->max_seq_len : (uint32_t)len;
-  fattn__pages_mark(p, seq, first, first + count);
+  mark(p, seq, first, first + count);
   return FATTN_OK;
 }
 

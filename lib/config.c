@@ -159,7 +159,6 @@ fattn_status fattn__normalize(const fattn_config *cfg, const fattn_model *model,
 
   n->head_dim_v = model->head_dim_v ? model->head_dim_v : model->head_dim;
   n->kv_elem_bytes = (uint32_t)elem_bytes(c->kv_dtype);
-  n->q_elem_bytes = 2;
   uint32_t topk = c->spec_topk ? c->spec_topk : 1;
   uint64_t entries = (uint64_t)c->max_batch * topk;
   uint64_t seqs = c->max_seqs ? c->max_seqs

@@ -281,10 +281,15 @@ fattn_status fattn_attend(fattn_ctx *ctx, uint32_t layer, const void *q, void *o
 typedef void (*fattn_graph_fn)(void *user, void *stream);
 
 /* Captures fn for (mode, bucket of batch_size) under cudaStreamCaptureModeGlobal; fn calls
- * fattn_store_kv / fattn_attend (and its own kernels) on the stream it is given. */
+ * fattn_store_kv / fattn_attend (and its own kernels) on the stream it is given, with buffers
+ * that hold the bucket's query tokens (bucket x spec_topk for DRAFT_DECODE, x
+ * spec_draft_tokens for TARGET_VERIFY, x (spec_draft_tokens + 1) for DRAFT_EXTEND). A body
+ * that allocates or synchronises fails the capture (FATTN_ERR_CUDA). Needs a CUDA device and
+ * the mode's bit in fattn_config.graph_modes. */
 fattn_status fattn_graph_capture(fattn_ctx *ctx, fattn_mode mode, uint32_t batch_size,
                                  fattn_graph_fn fn, void *user);
-/* Plans batch into the smallest captured bucket >= its size and launches that graph. */
+/* Plans batch into the smallest bucket >= its size and launches that bucket's graph. The
+ * batch is padded with entries that see nothing: their output rows are zeros. */
 fattn_status fattn_graph_launch(fattn_ctx *ctx, const fattn_batch *batch, void *stream);
 
 #ifdef __cplusplus

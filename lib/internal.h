@@ -21,7 +21,6 @@ typedef struct fattn__norm {
   fattn_model model;
   uint32_t head_dim_v;
   uint32_t kv_elem_bytes;
-  uint32_t q_elem_bytes;
   uint32_t max_seqs;
   uint32_t max_entries; /* entries of one step: max_batch * max(1, spec_topk) */
   uint32_t max_mask_rows;
@@ -158,7 +157,6 @@ uint64_t fattn__heap_overhead(uint64_t payload_bytes, uint32_t allocations);
 
 /* arena/pages.c */
 fattn_status fattn__pages_init(fattn_ctx *ctx);
-void fattn__pages_mark(fattn__pages *p, uint32_t row, uint32_t lo, uint32_t hi);
 
 /* Derived per-layer parameters the backends take. */
 fattn__layer_params fattn__layer_params_for(const fattn_ctx *ctx, uint32_t layer);
