@@ -166,7 +166,7 @@ endif
 $(BUILD)/fuzzobj/%.o: %.c
 	@mkdir -p $(dir $@)
 	@echo '  CLANG $<'
-	@$(CLANG) -std=c11 -D_GNU_SOURCE $(CWARN) $(INCLUDES) $(FUZZ_FLAGS) -c $< -o $@
+	@$(CLANG) -std=c11 -D_GNU_SOURCE $(CWARN) $(INCLUDES) $(FUZZ_FLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/fuzz/%: $(BUILD)/fuzzobj/fuzz/%.o $(FUZZ_LIB_OBJS)
 	@mkdir -p $(dir $@)
