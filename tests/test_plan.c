@@ -251,5 +251,38 @@ START_TEST(draft_decode_equals_decode_per_branch) {
 }
 END_TEST
 
+/* Page-table changes larger than one staging slot go first in slots of their own; after the
+ * plan the planner's table equals the allocator's. */
+START_TEST(large_changes_take_several_slots) {
+  fattn_config c;
+  fattn_model m;
+  fattn_test_small(&c, &m);
+  c.page_size = 1;
+  c.max_seq_len = 4096;
+  c.kv_budget_pages = 5 * 4096;
+  c.max_q_tokens = 8;
+  ck_assert_msg(fattn_create(&c, &m, &ctx, detail, sizeof detail) == FATTN_OK, "%s", detail);
+  uint32_t ids[5], cap = ctx->lay.cap_words;
+  for (int i = 0; i < 5; i++) ids[i] = seq_with(4096); /* 20480 changed entries */
+  ck_assert_uint_gt(5u * 4096u, 2u * cap);
+  fattn_stats before = FATTN_STATS_INIT, after = FATTN_STATS_INIT;
+  fattn_get_stats(ctx, &before);
+  uint32_t ring = ctx->ring_next;
+  fattn_batch b = FATTN_BATCH_INIT;
+  b.num_seqs = 5, b.seq_ids = ids;
+  ck_assert_ok(fattn_plan(ctx, &b, NULL));
+  fattn_get_stats(ctx, &after);
+  ck_assert_uint_eq(after.steps_planned, before.steps_planned + 1);
+  uint32_t slots = (ctx->ring_next + ctx->n.staging_slots - ring) % ctx->n.staging_slots;
+  ck_assert_uint_ge(slots, 3); /* 20480 words over slots of cap_words */
+  ck_assert_uint_eq(ctx->pages.num_dirty, 0);
+  ck_assert_int_eq(memcmp(ctx->dev + ctx->lay.dev_off[FATTN_REGION_PAGE_TABLE], ctx->pages.table,
+                          (size_t)ctx->pages.max_seqs * ctx->pages.pages_per_seq * 4), 0);
+  ck_assert_ok(fattn_check(ctx));
+  ck_assert_ok(fattn_destroy(ctx, 1));
+}
+END_TEST
+
 FATTN_SUITE("plan", FATTN_TEST_CPU, rejects_bad_batches_unchanged, decode_equals_prefill_row,
-            fork_copy_on_write_keeps_prefix, draft_decode_equals_decode_per_branch)
+            fork_copy_on_write_keeps_prefix, draft_decode_equals_decode_per_branch,
+            large_changes_take_several_slots)
