@@ -35,13 +35,19 @@ static void plot(const serve_result *r) {
 void fattn_bench_report(serve *s, const serve_result *r) {
   const serve_shape *p = &s->p;
   double tok_eager = p->batch / (r->decode_eager_ms / 1e3), tok_graph = r->decode_graph_ms > 0 ? p->batch / (r->decode_graph_ms / 1e3) : 0;
-  printf("\n%-34s %12s %12s\n", "phase", "eager", "graph");
+  char g[64];
+  printf("\n%-34s %12s %12s\n", "phase", "eager", s->gpu ? "graph" : "graph (GPU)");
   printf("%-34s %9.3f ms %12s\n", "prefill (batch x input)", r->prefill_ms, "-");
-  printf("%-34s %9.3f ms %9.3f ms\n", "decode step (median)", r->decode_eager_ms, r->decode_graph_ms);
-  printf("%-34s %8.0f t/s %8.0f t/s\n", "decode throughput", tok_eager, tok_graph);
+  snprintf(g, sizeof g, s->gpu ? "%9.3f ms" : "-", r->decode_graph_ms);
+  printf("%-34s %9.3f ms %12s\n", "decode step (median)", r->decode_eager_ms, g);
+  snprintf(g, sizeof g, s->gpu ? "%8.0f t/s" : "-", tok_graph);
+  printf("%-34s %8.0f t/s %12s\n", "decode throughput", tok_eager, g);
   const char *spec[4] = {"draft decode (5 steps, 1 layer)", "target verify (8 drafts)", "draft extend (1 layer)",
                          "speculative round"};
-  for (int i = 0; i < 4; i++) printf("%-34s %9.3f ms %9.3f ms\n", spec[i], r->spec_eager_ms[i], r->spec_graph_ms[i]);
+  for (int i = 0; i < 4; i++) {
+    snprintf(g, sizeof g, s->gpu ? "%9.3f ms" : "-", r->spec_graph_ms[i]);
+    printf("%-34s %9.3f ms %12s\n", spec[i], r->spec_eager_ms[i], g);
+  }
   FILE *csv = fopen("build/serve.csv", "w");
   if (csv) {
     fprintf(csv, "metric,eager_ms,graph_ms\nprefill,%.6f,\ndecode_step,%.6f,%.6f\n", r->prefill_ms,
