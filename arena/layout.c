@@ -26,12 +26,8 @@ static uint64_t add(uint64_t a, uint64_t b, int *ok) {
 
 /* Bytes of one staged slot and its sub-offsets. */
 static uint64_t slot_layout(const fattn__norm *n, fattn__layout *lay) {
-  /* The first part is an area of max_entries entries (attn/plan.h), so prep derives in place. */
-  uint64_t o = fattn__align_up(sizeof(fattn__step_hdr), 16);
-  lay->slot_off_entries = o;
-  o = fattn__align_up(o + (uint64_t)n->max_entries * sizeof(fattn__entry), 16);
-  lay->slot_off_mask = o;
-  o = fattn__align_up(o + (uint64_t)n->max_mask_rows * sizeof(uint64_t), 16);
+  /* The first part is an area of max_entries entries, so prep derives in place. */
+  uint64_t o = fattn__align_up(fattn__area_mask_off(n->max_entries) + (uint64_t)n->max_mask_rows * sizeof(uint64_t), 16);
   lay->slot_off_updates = o;
   o = fattn__align_up(o + (uint64_t)lay->cap_updates * sizeof(fattn__pt_update), 16);
   lay->slot_off_copies = o;
@@ -44,10 +40,7 @@ static uint64_t slot_layout(const fattn__norm *n, fattn__layout *lay) {
 uint64_t fattn__graph_area_bytes(const fattn__norm *n, fattn_mode mode, uint32_t b) {
   uint32_t per = mode == FATTN_MODE_DRAFT_DECODE ? n->cfg.spec_topk : 1;
   uint32_t rows = (mode == FATTN_MODE_TARGET_VERIFY && n->cfg.spec_topk > 1) ? n->cfg.spec_draft_tokens : 0;
-  uint64_t bytes = fattn__align_up(sizeof(fattn__step_hdr), 16) +
-                   fattn__align_up((uint64_t)b * per * sizeof(fattn__entry), 16) +
-                   (uint64_t)b * rows * sizeof(uint64_t);
-  return fattn__align_up(bytes, FATTN__ALIGN);
+  return fattn__align_up(fattn__area_mask_off(b * per) + (uint64_t)b * rows * sizeof(uint64_t), FATTN__ALIGN);
 }
 
 /* Host tables served by the heap: count and payload, for its size. */
@@ -108,8 +101,10 @@ fattn_status fattn__layout_compute(const fattn__norm *n, fattn__layout *lay,
   lay->cap_words = (uint32_t)(words < 4096 ? 4096 : words > (1u << 20) ? (1u << 20) : words);
   lay->slot_bytes = slot_layout(n, lay);
 
-  lay->k_layer_bytes = fattn__align_up(mul4(pages, c->page_size, k_row, 1, &ok), FATTN__ALIGN);
-  lay->v_layer_bytes = fattn__align_up(mul4(pages, c->page_size, v_row, 1, &ok), FATTN__ALIGN);
+  lay->k_page_bytes = (uint64_t)c->page_size * k_row;
+  lay->v_page_bytes = (uint64_t)c->page_size * v_row;
+  lay->k_layer_bytes = fattn__align_up(mul4(pages, lay->k_page_bytes, 1, 1, &ok), FATTN__ALIGN);
+  lay->v_layer_bytes = fattn__align_up(mul4(pages, lay->v_page_bytes, 1, 1, &ok), FATTN__ALIGN);
   uint64_t *rb = r->region_bytes;
   rb[FATTN_REGION_K_POOL] = mul4(lay->k_layer_bytes, m->num_layers, 1, 1, &ok);
   rb[FATTN_REGION_V_POOL] = mul4(lay->v_layer_bytes, m->num_layers, 1, 1, &ok);

@@ -262,8 +262,8 @@ fattn_status fattn_check(fattn_ctx *ctx) {
       refs[pg]++;
     }
   }
-  if (open != p->max_seqs - p->seq_free_top)
-    return fattn__fail(ctx, FATTN_ERR_CORRUPT, "%u sequences open, %u ids handed out", open, p->max_seqs - p->seq_free_top);
+  if (open != fattn__seqs_open(p))
+    return fattn__fail(ctx, FATTN_ERR_CORRUPT, "%u sequences open, %u ids handed out", open, fattn__seqs_open(p));
   if (p->caller_owned) return FATTN_OK;
   uint32_t owned = 0;
   for (uint32_t pg = 0; pg < p->num_pages; pg++) {

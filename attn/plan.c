@@ -18,6 +18,14 @@ static int spec_mode(fattn_mode m) {
   return m == FATTN_MODE_TARGET_VERIFY || m == FATTN_MODE_DRAFT_DECODE || m == FATTN_MODE_DRAFT_EXTEND;
 }
 
+/* Entry i's query tokens, attended slots and stored slots, with the batch's defaults. */
+static void entry_lens(const fattn_ctx *ctx, const fattn_batch *b, uint32_t i, uint32_t *q, uint32_t *kv,
+                       uint32_t *nw) {
+  *q = b->q_lens ? b->q_lens[i] : (b->mode == FATTN_MODE_TARGET_VERIFY ? ctx->n.cfg.spec_draft_tokens : 1u);
+  *kv = b->kv_lens ? b->kv_lens[i] : ctx->pages.seqs[b->seq_ids[i]].len;
+  *nw = b->mode == FATTN_MODE_CROSS ? (b->kv_new_lens ? b->kv_new_lens[i] : 0u) : *q;
+}
+
 static fattn_status check_entry(fattn_ctx *ctx, const fattn_batch *b, uint32_t i, uint32_t *q,
                                 uint32_t *kv, uint32_t *nw) {
   const fattn_config *c = &ctx->n.cfg;
@@ -28,9 +36,7 @@ static fattn_status check_entry(fattn_ctx *ctx, const fattn_batch *b, uint32_t i
   if (p->seqs[seq].stamp == ctx->plan_stamp)
     return fattn__fail(ctx, FATTN_ERR_INVALID, "batch entry %u: sequence %u appears twice", i, seq);
   uint32_t len = p->seqs[seq].len;
-  *q = b->q_lens ? b->q_lens[i] : (b->mode == FATTN_MODE_TARGET_VERIFY ? c->spec_draft_tokens : 1u);
-  *kv = b->kv_lens ? b->kv_lens[i] : len;
-  *nw = b->mode == FATTN_MODE_CROSS ? (b->kv_new_lens ? b->kv_new_lens[i] : 0u) : *q;
+  entry_lens(ctx, b, i, q, kv, nw);
   switch (b->mode) {
     case FATTN_MODE_DECODE:
     case FATTN_MODE_DRAFT_DECODE:
@@ -212,15 +218,27 @@ static fattn_status submit(fattn_ctx *ctx, uint8_t *slot, uint32_t index, const 
   return FATTN_OK;
 }
 
-static void fill_header(fattn_ctx *ctx, fattn__step_hdr *h, fattn_mode mode, uint32_t entries) {
+static void fill_header(fattn_ctx *ctx, fattn__step_hdr *h, fattn_mode mode) {
   memset(h, 0, sizeof *h);
   h->mode = (uint32_t)mode;
-  h->num_entries = entries;
   h->max_splits = ctx->n.max_splits;
   h->split_rows_cap = ctx->lay.split_rows_cap;
   h->target_ctas = 2u * ctx->num_sms;
   h->num_kv_heads = ctx->n.model.num_kv_heads;
   h->causal = mode != FATTN_MODE_CROSS;
+}
+
+void fattn__step_bind(fattn_ctx *ctx, fattn_mode mode, uint8_t *area, uint32_t cap_entries, uint32_t entries,
+                      uint32_t q_tokens, uint32_t new_tokens, uint32_t tiles) {
+  ctx->step = (fattn__step){1,
+                            (uint32_t)mode,
+                            entries,
+                            q_tokens,
+                            new_tokens,
+                            tiles,
+                            (fattn__step_hdr *)area,
+                            (fattn__entry *)(area + fattn__area_entries_off()),
+                            (uint64_t *)(area + fattn__area_mask_off(cap_entries))};
 }
 
 fattn_status fattn__plan_into(fattn_ctx *ctx, const fattn_batch *b, void *stream,
@@ -237,7 +255,7 @@ fattn_status fattn__plan_into(fattn_ctx *ctx, const fattn_batch *b, void *stream
   while (1) {
     if ((st = take_slot(ctx, &slot, &index))) return st;
     fattn__step_hdr *h = (fattn__step_hdr *)slot;
-    fill_header(ctx, h, b->mode, 0);
+    fill_header(ctx, h, b->mode);
     stage_changes(ctx, slot, h);
     if (ctx->pages.num_dirty == 0) break;
     const fattn__plan_target inplace = {NULL, 0, 0};
@@ -246,17 +264,12 @@ fattn_status fattn__plan_into(fattn_ctx *ctx, const fattn_batch *b, void *stream
   fattn__step_hdr *h = (fattn__step_hdr *)slot;
   h->num_entries = info.entries;
   h->num_mask_rows = info.mask_rows;
-  fattn__entry *e = (fattn__entry *)(slot + ctx->lay.slot_off_entries);
+  fattn__entry *e = (fattn__entry *)(slot + fattn__area_entries_off());
   const uint32_t nd = ctx->n.cfg.spec_draft_tokens;
   for (uint32_t i = 0; i < info.entries; i++) {
-    uint32_t seq = b->seq_ids[i];
-    uint32_t q = b->q_lens ? b->q_lens[i] : (b->mode == FATTN_MODE_TARGET_VERIFY ? nd : 1u);
-    uint32_t kv = b->kv_lens ? b->kv_lens[i] : ctx->pages.seqs[seq].len;
     memset(&e[i], 0, sizeof e[i]);
-    e[i].seq = seq;
-    e[i].q_len = q;
-    e[i].kv_len = kv;
-    e[i].new_len = b->mode == FATTN_MODE_CROSS ? (b->kv_new_lens ? b->kv_new_lens[i] : 0u) : q;
+    e[i].seq = b->seq_ids[i];
+    entry_lens(ctx, b, i, &e[i].q_len, &e[i].kv_len, &e[i].new_len);
     e[i].mask_row = info.mask_rows ? i * nd : UINT32_MAX;
   }
   h->num_live = info.entries;
@@ -267,21 +280,14 @@ fattn_status fattn__plan_into(fattn_ctx *ctx, const fattn_batch *b, void *stream
     e[i].mask_row = UINT32_MAX;
   }
   h->num_entries = padded;
-  if (info.mask_rows) memcpy(slot + ctx->lay.slot_off_mask, b->tree_mask, (size_t)info.mask_rows * 8);
+  if (info.mask_rows) memcpy(slot + fattn__area_mask_off(ctx->n.max_entries), b->tree_mask, (size_t)info.mask_rows * 8);
   if ((st = submit(ctx, slot, index, t, stream))) return st;
   /* The inbox starts as an area of max_entries entries; prep derives in place there. */
   uint8_t *area = t->dst ? t->dst : ctx->dev + ctx->lay.dev_off[FATTN_REGION_METADATA];
   uint32_t area_cap = t->dst ? t->cap_entries : ctx->n.max_entries;
-  uint32_t pad_tiles = (padded - info.entries) * fattn__ceil_div(t->pad_q_len, FATTN__Q_TILE);
-  ctx->step = (fattn__step){1,
-                            (uint32_t)b->mode,
-                            padded,
-                            info.q_tokens + (padded - info.entries) * t->pad_q_len,
-                            info.new_tokens,
-                            info.tiles + pad_tiles,
-                            (fattn__step_hdr *)area,
-                            (fattn__entry *)(area + fattn__area_entries_off()),
-                            (uint64_t *)(area + fattn__area_mask_off(area_cap))};
+  uint32_t pads = padded - info.entries;
+  fattn__step_bind(ctx, b->mode, area, area_cap, padded, info.q_tokens + pads * t->pad_q_len, info.new_tokens,
+                   info.tiles + pads * fattn__ceil_div(t->pad_q_len, FATTN__Q_TILE));
   ctx->steps_planned++;
   return FATTN_OK;
 }

@@ -14,13 +14,10 @@ typedef struct fattn__plan_target {
   uint32_t pad_q_len;    /* query tokens of a padding entry (its rows come out as zeros) */
 } fattn__plan_target;
 
-/* Offsets inside a [hdr][entries][mask] area of cap_entries entries. */
-static inline uint64_t fattn__area_entries_off(void) {
-  return fattn__align_up(sizeof(fattn__step_hdr), 16);
-}
-static inline uint64_t fattn__area_mask_off(uint32_t cap_entries) {
-  return fattn__align_up(fattn__area_entries_off() + (uint64_t)cap_entries * sizeof(fattn__entry), 16);
-}
+/* Points the step at a metadata area of cap_entries entries, with the bounds that size the
+ * kernels' grids: what store_kv and attend use next (also under graph capture). */
+void fattn__step_bind(fattn_ctx *ctx, fattn_mode mode, uint8_t *area, uint32_t cap_entries, uint32_t entries,
+                      uint32_t q_tokens, uint32_t new_tokens, uint32_t tiles);
 
 fattn_status fattn__plan_into(fattn_ctx *ctx, const fattn_batch *batch, void *stream,
                               const fattn__plan_target *target);

@@ -6,11 +6,8 @@
 
 /* One page of one pool: [page_size, kv_heads, d] elements. */
 static void copy_pages(fattn_ctx *ctx, const fattn__page_copy *c, uint32_t n) {
-  const fattn__norm *nm = &ctx->n;
-  uint64_t k_page = (uint64_t)nm->cfg.page_size * nm->model.num_kv_heads * nm->model.head_dim * nm->kv_elem_bytes;
-  uint64_t v_page = nm->model.mla_latent_dim ? 0
-                    : (uint64_t)nm->cfg.page_size * nm->model.num_kv_heads * nm->head_dim_v * nm->kv_elem_bytes;
-  for (uint32_t l = 0; l < nm->model.num_layers; l++) {
+  const uint64_t k_page = ctx->lay.k_page_bytes, v_page = ctx->lay.v_page_bytes;
+  for (uint32_t l = 0; l < ctx->n.model.num_layers; l++) {
     uint8_t *k = ctx->dev + ctx->lay.dev_off[FATTN_REGION_K_POOL] + l * ctx->lay.k_layer_bytes;
     uint8_t *v = ctx->dev + ctx->lay.dev_off[FATTN_REGION_V_POOL] + l * ctx->lay.v_layer_bytes;
     for (uint32_t i = 0; i < n; i++) {
@@ -34,6 +31,6 @@ void fattn__prep_host(fattn_ctx *ctx, uint8_t *inbox, const fattn__plan_target *
   if (!t->dst) return;
   memcpy(t->dst, h, sizeof *h);
   memcpy(t->dst + fattn__area_entries_off(), e, (size_t)h->num_entries * sizeof *e);
-  memcpy(t->dst + fattn__area_mask_off(t->cap_entries), inbox + ctx->lay.slot_off_mask,
+  memcpy(t->dst + fattn__area_mask_off(t->cap_entries), inbox + fattn__area_mask_off(ctx->n.max_entries),
          (size_t)h->num_mask_rows * 8);
 }

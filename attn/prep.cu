@@ -130,13 +130,10 @@ __global__ void copy_pages_kernel(const fattn__page_copy *c, uint32_t n, uint8_t
 extern "C" int fattn__prep_launch(fattn_ctx *ctx, uint8_t *inbox, const fattn__plan_target *t,
                                   uint32_t num_copies, void *stream) {
   cudaStream_t s = (cudaStream_t)stream;
-  const fattn__norm *n = &ctx->n;
   uint8_t *dev = ctx->dev;
   if (num_copies) {
-    uint64_t k_page = (uint64_t)n->cfg.page_size * n->model.num_kv_heads * n->model.head_dim * n->kv_elem_bytes;
-    uint64_t v_page = n->model.mla_latent_dim ? 0
-                      : (uint64_t)n->cfg.page_size * n->model.num_kv_heads * n->head_dim_v * n->kv_elem_bytes;
-    dim3 grid(n->model.num_layers, v_page ? 2 : 1);
+    const uint64_t k_page = ctx->lay.k_page_bytes, v_page = ctx->lay.v_page_bytes;
+    dim3 grid(ctx->n.model.num_layers, v_page ? 2 : 1);
     copy_pages_kernel<<<grid, 512, 0, s>>>((const fattn__page_copy *)(inbox + ctx->lay.slot_off_copies), num_copies,
                                            dev + ctx->lay.dev_off[FATTN_REGION_K_POOL],
                                            dev + ctx->lay.dev_off[FATTN_REGION_V_POOL], ctx->lay.k_layer_bytes,
@@ -147,7 +144,7 @@ extern "C" int fattn__prep_launch(fattn_ctx *ctx, uint8_t *inbox, const fattn__p
   a.off_entries = fattn__area_entries_off();
   a.off_updates = ctx->lay.slot_off_updates;
   a.off_words = ctx->lay.slot_off_words;
-  a.off_mask = ctx->lay.slot_off_mask;
+  a.off_mask = fattn__area_mask_off(ctx->n.max_entries);
   a.table = (uint32_t *)(dev + ctx->lay.dev_off[FATTN_REGION_PAGE_TABLE]);
   a.pages_per_seq = ctx->lay.pages_per_seq;
   a.dst = t->dst;

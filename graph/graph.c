@@ -74,15 +74,8 @@ fattn_status fattn_graph_capture(fattn_ctx *ctx, fattn_mode mode, uint32_t batch
   fattn__graph_slot *g = slot_of(ctx, mode, (uint32_t)b);
   uint32_t entries = g->requests * entries_per_request(ctx, mode), q = q_per_entry(ctx, mode);
   fattn__step saved = ctx->step;
-  ctx->step = (fattn__step){1,
-                            (uint32_t)mode,
-                            entries,
-                            entries * q,
-                            entries * q,
-                            entries * fattn__ceil_div(q, FATTN__Q_TILE),
-                            (fattn__step_hdr *)g->area,
-                            (fattn__entry *)(g->area + fattn__area_entries_off()),
-                            (uint64_t *)(g->area + fattn__area_mask_off(entries))};
+  fattn__step_bind(ctx, mode, g->area, entries, entries, entries * q, entries * q,
+                   entries * fattn__ceil_div(q, FATTN__Q_TILE));
   cudaStream_t s;
   cudaGraph_t graph = NULL;
   cudaGraphExec_t exec = NULL;

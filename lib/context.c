@@ -174,7 +174,7 @@ fattn_status fattn_create(const fattn_config *cfg, const fattn_model *model, fat
 
 fattn_status fattn_destroy(fattn_ctx *ctx, int force) {
   if (!ctx) return FATTN_OK;
-  uint32_t open = ctx->pages.max_seqs - ctx->pages.seq_free_top;
+  uint32_t open = fattn__seqs_open(&ctx->pages);
   if (open && !force)
     return fattn__fail(ctx, FATTN_ERR_BUSY, "%u sequences still open (close them or force)", open);
   release(ctx);
@@ -194,7 +194,7 @@ fattn_status fattn_get_stats(const fattn_ctx *ctx, fattn_stats *s) {
   if (!ctx || !s || s->struct_size < sizeof(fattn_stats)) return FATTN_ERR_INVALID;
   s->pages_total = ctx->pages.num_pages;
   s->pages_free = ctx->pages.free_top;
-  s->seqs_open = ctx->pages.max_seqs - ctx->pages.seq_free_top;
+  s->seqs_open = fattn__seqs_open(&ctx->pages);
   s->page_allocs = ctx->pages.allocs;
   s->page_frees = ctx->pages.frees;
   s->steps_planned = ctx->steps_planned;

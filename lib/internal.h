@@ -37,14 +37,16 @@ typedef struct fattn__layout {
   uint64_t dev_off[FATTN_REGION_COUNT];
   uint64_t k_layer_bytes; /* one layer's K pool */
   uint64_t v_layer_bytes;
+  uint64_t k_page_bytes;  /* one page of one layer's K pool: [page_size, kv_heads, head_dim] */
+  uint64_t v_page_bytes;  /* 0 for MLA */
   uint32_t num_pages;
   uint32_t pages_per_seq;
   uint32_t split_rows_cap;
-  /* one staged slot: [hdr][entries][mask rows][pt updates][copies][payload words] */
+  /* one staged slot: an area of max_entries, then [pt updates][copies][payload words] */
   uint32_t cap_updates;
   uint32_t cap_copies;
   uint32_t cap_words;
-  uint64_t slot_off_entries, slot_off_mask, slot_off_updates, slot_off_copies, slot_off_words;
+  uint64_t slot_off_updates, slot_off_copies, slot_off_words;
   uint64_t slot_bytes;
   /* pinned slab: [ctx][staging ring][heap served to jemalloc] */
   uint64_t pin_off_ring;
@@ -162,5 +164,16 @@ fattn_status fattn__pages_init(fattn_ctx *ctx);
 fattn__layer_params fattn__layer_params_for(const fattn_ctx *ctx, uint32_t layer);
 
 static inline uint64_t fattn__align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+/* Offsets inside a metadata area [hdr][entries][mask rows] of cap_entries entries: the start
+ * of every staged slot, the eager inbox, and each graph bucket's static area. */
+static inline uint64_t fattn__area_entries_off(void) {
+  return fattn__align_up(sizeof(fattn__step_hdr), 16);
+}
+static inline uint64_t fattn__area_mask_off(uint32_t cap_entries) {
+  return fattn__align_up(fattn__area_entries_off() + (uint64_t)cap_entries * sizeof(fattn__entry), 16);
+}
+
+static inline uint32_t fattn__seqs_open(const fattn__pages *p) { return p->max_seqs - p->seq_free_top; }
 
 #endif /* FATTN_LIB_INTERNAL_H */
