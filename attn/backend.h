@@ -29,6 +29,17 @@ void fattn__ref_store_kv(fattn__layer_params l, fattn__step_params s, const void
 void fattn__ref_attend(fattn__layer_params l, fattn__step_params s, const void *q, void *out,
                        float *lse, const fattn__ref_opts *opts);
 
+/* Host policy from the mode and the caps: decode modes, and other steps with at most 128
+ * packed rows (q_len x group) per entry, take the GQA-packed split-KV decode kernel; the rest
+ * query tiles per q head. Either kernel is correct for any step; the choice must not depend on
+ * caps where a graph's caps differ from the eager step's (DRAFT_EXTEND's varying q_len), so
+ * that replay is bit-exact. */
+static inline int fattn__decode_kind(const fattn__layer_params *l, const fattn__step_params *s) {
+  const uint32_t G = l->num_q_heads / l->num_kv_heads;
+  return s->mode == 2u /* DECODE */ || s->mode == 4u /* DRAFT_DECODE */ ||
+         (s->mode != 5u /* DRAFT_EXTEND */ && (uint64_t)s->cap_q_tokens * G <= 128ull * s->cap_entries);
+}
+
 /* ---- attn/fa2: portable sm_80+ kernels. Return a cudaError_t value (0 on success). */
 
 /* Whether the kernels cover this layer shape (head dims, dtypes, MLA); no device work. */
@@ -36,6 +47,19 @@ int fattn__fa2_supports(const fattn__layer_params *l);
 int fattn__fa2_store_kv(fattn__layer_params l, fattn__step_params s, const void *k,
                         const void *v, void *stream);
 int fattn__fa2_attend(fattn__layer_params l, fattn__step_params s, const void *q, void *out,
+                      float *lse, void *stream);
+
+/* ---- attn/fa3: Hopper (sm_90a) kernels for the query-tiled steps; every other step and
+ * shape goes to fa2 from inside fattn__fa3_attend, so any supported layer may pick FA3. */
+
+/* Non-zero when this build has the fa3 kernels and the current device runs them. */
+int fattn__fa3_available(void);
+/* Whether fa3's own kernel (not the fa2 fallback) serves this layer shape. */
+int fattn__fa3_supports(const fattn__layer_params *l);
+/* Writes the K and V pools' tensor maps (2 CUtensorMap, 128 bytes each) for l into maps;
+ * returns a cudaError_t value (cudaErrorNotSupported where tiles cannot use TMA). */
+int fattn__fa3_encode_maps(const fattn__layer_params *l, void *maps);
+int fattn__fa3_attend(fattn__layer_params l, fattn__step_params s, const void *q, void *out,
                       float *lse, void *stream);
 
 #ifdef __cplusplus

@@ -29,6 +29,7 @@ typedef struct fattn__layer_params {
   void *k_pool;        /* [num_pages, page_size, num_kv_heads, head_dim] */
   void *v_pool;        /* [num_pages, page_size, num_kv_heads, head_dim_v]; NULL if mla */
   int32_t *page_table; /* [rows, pages_per_seq]; FATTN__PAGE_NONE where unmapped */
+  const void *tmaps;   /* fa3: the K and V pools' tensor maps (2 CUtensorMap, host memory), or NULL */
 } fattn__layer_params;
 
 /* The planned step as the kernels see it. Counts live in *hdr (device memory on the GPU),
@@ -54,6 +55,39 @@ FATTN__HD int fattn__visible(const fattn__layer_params *l, int causal, uint32_t 
   if (l->window >= 0 && (int64_t)qpos - (int64_t)j > (int64_t)l->window) return 0;
   if (l->chunk != 0u && j / l->chunk != qpos / l->chunk) return 0;
   return 1;
+}
+
+/* KV slots that queries [t_lo, t_hi] of an entry may see: [lo_any, hi_any) covers the union of
+ * their ranges, and in [lo_all, hi_all) each of them sees every slot (no mask needed there). */
+typedef struct fattn__kv_range {
+  uint32_t lo_any, hi_any, lo_all, hi_all;
+} fattn__kv_range;
+
+FATTN__HD fattn__kv_range fattn__rows_range(const fattn__layer_params *l, int causal, int tree,
+                                            uint32_t q_len, uint32_t kv_len, uint32_t t_lo,
+                                            uint32_t t_hi) {
+  fattn__kv_range r = {0u, kv_len, 0u, kv_len};
+  if (!causal) return r;
+  const uint32_t prefix = kv_len - q_len, qa = prefix + t_lo, qb = prefix + t_hi;
+  uint32_t la = 0u, lb = 0u;
+  if (l->window >= 0) {
+    la = qa > (uint32_t)l->window ? qa - (uint32_t)l->window : 0u;
+    lb = qb > (uint32_t)l->window ? qb - (uint32_t)l->window : 0u;
+  }
+  if (l->chunk) {
+    la = la > qa / l->chunk * l->chunk ? la : qa / l->chunk * l->chunk;
+    lb = lb > qb / l->chunk * l->chunk ? lb : qb / l->chunk * l->chunk;
+  }
+  r.lo_any = la;
+  r.lo_all = lb;
+  r.hi_any = qb + 1u;
+  r.hi_all = qa + 1u;
+  if (tree) { /* drafts see some later drafts: only the prefix is mask-free */
+    r.lo_any = r.lo_any < prefix ? r.lo_any : prefix;
+    r.hi_any = kv_len;
+    r.hi_all = r.hi_all < prefix ? r.hi_all : prefix;
+  }
+  return r;
 }
 
 #endif /* FATTN_ATTN_PARAMS_H */

@@ -63,6 +63,10 @@ fattn_status fattn_attend(fattn_ctx *ctx, uint32_t layer, const void *q, void *o
       return FATTN_OK;
     case FATTN_BACKEND_FA2:
       return cuda_status(ctx, fattn__fa2_attend(l, s, q, out, lse, stream), "fattn_attend");
+#ifdef FATTN_HAVE_SM90A
+    case FATTN_BACKEND_FA3:
+      return cuda_status(ctx, fattn__fa3_attend(l, s, q, out, lse, stream), "fattn_attend");
+#endif
     default:
       return fattn__fail(ctx, FATTN_ERR_UNSUPPORTED, "fattn_attend: backend %d", ctx->backend[ctx->step.mode]);
   }

@@ -17,6 +17,9 @@ typedef struct kshape {
   fattn_dtype kv_dtype;
 } kshape;
 
+/* `prefill --backend fa2|fa3`: the prefill-side backend every context of the run uses. */
+static fattn_backend prefill_backend = FATTN_BACKEND_AUTO;
+
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);
@@ -35,6 +38,7 @@ static fattn_ctx *make_ctx(const kshape *k, uint32_t *ids) {
   m.num_layers = 1, m.num_q_heads = k->hq, m.num_kv_heads = k->hkv, m.head_dim = k->d;
   c.device = 0;
   c.kv_dtype = k->kv_dtype;
+  c.prefill_backend = prefill_backend;
   c.page_size = k->page;
   c.max_batch = k->bs;
   c.max_seq_len = k->kv_len;
@@ -105,8 +109,9 @@ static void run_shape(const kshape *k, FILE *csv) {
   double ms = time_it(ctx, 0, q, out, k->bs, sink), read_ms = time_it(ctx, 1, q, out, k->bs, sink);
   double elem = k->kv_dtype == FATTN_DTYPE_FP8_E4M3 ? 1 : 2;
   double bytes = (double)k->bs * k->kv_len * k->hkv * k->d * 2 * elem;
-  double flops = 4.0 * k->bs * k->hq * k->q_len * (double)k->kv_len * k->d;
-  if (k->mode == FATTN_MODE_PREFILL) flops /= 2;
+  /* causal: each query sees the prefix and half the new block on average */
+  double seen = k->mode == FATTN_MODE_PREFILL ? (double)(k->kv_len - k->q_len) + k->q_len / 2.0 : (double)k->kv_len;
+  double flops = 4.0 * k->bs * k->hq * k->q_len * seen * k->d;
   const char *mode = k->mode == FATTN_MODE_DECODE ? "decode" : k->mode == FATTN_MODE_TARGET_VERIFY ? "verify"
                      : k->mode == FATTN_MODE_PREFILL ? "causal" : "noncausal";
   const char *dt = k->kv_dtype == FATTN_DTYPE_FP8_E4M3 ? "fp8" : "bf16";
@@ -153,11 +158,20 @@ int fattn_bench_decode(int argc, char **argv) {
 }
 
 /* The FA3 paper's setup: 16k tokens a batch, hidden 2048, bf16, causal and non-causal. */
+/* The FA3 paper's setup: 16k tokens a batch, hidden 2048, bf16, causal and non-causal; then
+ * the same d 128 x 8k shape over other page sizes, and extend (q 512 over an 8k prefix).
+ * Options: --backend fa2|fa3 (default AUTO), --csv PATH. */
 int fattn_bench_prefill(int argc, char **argv) {
-  (void)argc, (void)argv;
+  const char *path = "build/prefill.csv";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (strcmp(argv[i], "--backend") == 0 && strcmp(argv[i + 1], "fa2") == 0) prefill_backend = FATTN_BACKEND_FA2;
+    else if (strcmp(argv[i], "--backend") == 0 && strcmp(argv[i + 1], "fa3") == 0) prefill_backend = FATTN_BACKEND_FA3;
+    else if (strcmp(argv[i], "--csv") == 0) path = argv[i + 1];
+    else fail("fattn-bench prefill", "options: --backend fa2|fa3, --csv PATH");
+  }
   if (!fattn_bench_has_gpu()) fail("fattn-bench prefill", "needs a CUDA device");
-  FILE *csv = fopen("build/prefill.csv", "w");
-  if (!csv) fail("build/prefill.csv", "cannot write");
+  FILE *csv = fopen(path, "w");
+  if (!csv) fail(path, "cannot write");
   fprintf(csv, "mode,bs,q,kv,page,hq,hkv,d,kv_dtype,ms,gbps,read_gbps,tflops\n");
   printf("fattn prefill attention (FA3 paper setup: 16k tokens, hidden 2048), page 128, median of 21\n");
   header();
@@ -170,7 +184,14 @@ int fattn_bench_prefill(int argc, char **argv) {
                     FATTN_DTYPE_BF16};
         run_shape(&k, csv);
       }
+  static const uint32_t pages[3] = {16, 64, 256};
+  for (int p = 0; p < 3; p++) {
+    kshape k = {FATTN_MODE_CROSS, 2, 8192, 8192, pages[p], 16, 16, 128, FATTN_DTYPE_BF16};
+    run_shape(&k, csv);
+  }
+  kshape ext = {FATTN_MODE_PREFILL, 8, 512, 8192 + 512, 128, 32, 8, 128, FATTN_DTYPE_BF16};
+  run_shape(&ext, csv);
   fclose(csv);
-  printf("csv: build/prefill.csv\n");
+  printf("csv: %s\n", path);
   return 0;
 }

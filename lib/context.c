@@ -27,15 +27,47 @@ static fattn_status choose_backends(fattn_ctx *ctx, char *detail, size_t detail_
       continue;
     }
     if (want == FATTN_BACKEND_AUTO) want = FATTN_BACKEND_FA2;
-    if (want == FATTN_BACKEND_FA3 || want == FATTN_BACKEND_FA4)
-      return FAIL(FATTN_ERR_UNSUPPORTED, "%s %s: not built into this version of fattn", which,
-                  want == FATTN_BACKEND_FA3 ? "FA3" : "FA4");
+    if (want == FATTN_BACKEND_FA4)
+      return FAIL(FATTN_ERR_UNSUPPORTED, "%s FA4: not built into this version of fattn", which);
+    if (want == FATTN_BACKEND_FA3) {
+#ifdef FATTN_HAVE_SM90A
+      if (!fattn__fa3_available())
+        return FAIL(FATTN_ERR_UNSUPPORTED, "%s FA3: device %d is not compute capability 9.0 (sm_90a)", which,
+                    ctx->n.cfg.device);
+#else
+      return FAIL(FATTN_ERR_UNSUPPORTED, "%s FA3: not built (CUDA_ARCHS lacks 90a)", which);
+#endif
+    }
     if (!fattn__fa2_supports(&l))
       return FAIL(FATTN_ERR_UNSUPPORTED,
                   "%s FA2: no kernel for head_dim %u / head_dim_v %u, q_dtype %u, kv_dtype %u", which,
                   l.head_dim, l.head_dim_v, l.q_dtype, l.kv_dtype);
     ctx->backend[mode] = want;
   }
+  return FATTN_OK;
+}
+
+/* fa3's TMA tensor maps, once per layer, when a mode runs FA3 and its tiles fit the pages;
+ * otherwise fa3 gathers with cp.async and tmaps stays NULL. */
+static fattn_status make_tmaps(fattn_ctx *ctx, char *detail, size_t detail_len) {
+#ifdef FATTN_HAVE_SM90A
+  int fa3 = 0;
+  for (uint32_t mode = 1; mode <= FATTN_MODE_COUNT; mode++) fa3 |= ctx->backend[mode] == FATTN_BACKEND_FA3;
+  if (!fa3) return FATTN_OK;
+  const uint32_t L = ctx->n.model.num_layers;
+  uint8_t *raw = fattn__heap_alloc(ctx->heap, (size_t)L * FATTN__TMAP_BYTES + FATTN__TMAP_ALIGN);
+  if (!raw) return FAIL(FATTN_ERR_NOMEM, "fa3 tensor maps in the pinned slab");
+  uint8_t *maps = (uint8_t *)fattn__align_up((uintptr_t)raw, FATTN__TMAP_ALIGN);
+  for (uint32_t i = 0; i < L; i++) {
+    fattn__layer_params l = fattn__layer_params_for(ctx, i);
+    int err = fattn__fa3_encode_maps(&l, maps + (size_t)i * FATTN__TMAP_BYTES);
+    if (err == (int)cudaErrorNotSupported) return FATTN_OK;
+    if (err) return FAIL(FATTN_ERR_CUDA, "fa3 tensor map of layer %u: %s", i, cudaGetErrorString((cudaError_t)err));
+  }
+  ctx->tmaps = maps;
+#else
+  (void)ctx, (void)detail, (void)detail_len;
+#endif
   return FATTN_OK;
 }
 
@@ -161,6 +193,7 @@ fattn_status fattn_create(const fattn_config *cfg, const fattn_model *model, fat
   if ((st = take_memory(&n, &lay, &r, &ctx, detail, detail_len))) return st;
   ctx->num_sms = sms;
   if ((st = copy_model(ctx, model, detail, detail_len)) || (st = choose_backends(ctx, detail, detail_len)) ||
+      (st = make_tmaps(ctx, detail, detail_len)) ||
       (st = fattn__pages_init(ctx)) || (st = fattn__graphs_init(ctx))) {
     if (st == FATTN_ERR_NOMEM && detail && detail_len && !detail[0])
       FAIL(st, "host tables: the pinned slab's heap is too small");
@@ -231,5 +264,6 @@ fattn__layer_params fattn__layer_params_for(const fattn_ctx *ctx, uint32_t layer
   l.v_pool = l.mla ? NULL
                    : ctx->dev + ctx->lay.dev_off[FATTN_REGION_V_POOL] + (uint64_t)layer * ctx->lay.v_layer_bytes;
   l.page_table = (int32_t *)(ctx->dev + ctx->lay.dev_off[FATTN_REGION_PAGE_TABLE]);
+  l.tmaps = ctx->tmaps ? (const uint8_t *)ctx->tmaps + (size_t)layer * FATTN__TMAP_BYTES : NULL;
   return l;
 }

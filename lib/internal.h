@@ -141,6 +141,7 @@ struct fattn_ctx {
   uint32_t plan_stamp;
   fattn__step step;
   fattn__graph_slot *graphs; /* [FATTN_MODE_COUNT + 1][num_buckets] */
+  void *tmaps;               /* [num_layers][K, V] CUtensorMap for fa3's TMA; NULL if unused */
   char detail[FATTN__DETAIL_LEN];
 };
 
@@ -159,6 +160,10 @@ uint64_t fattn__heap_overhead(uint64_t payload_bytes, uint32_t allocations);
 
 /* arena/pages.c */
 fattn_status fattn__pages_init(fattn_ctx *ctx);
+
+/* fa3 tensor maps: bytes of one (K and V of a layer), and their alignment. */
+#define FATTN__TMAP_BYTES 256u
+#define FATTN__TMAP_ALIGN 64u
 
 /* Derived per-layer parameters the backends take. */
 fattn__layer_params fattn__layer_params_for(const fattn_ctx *ctx, uint32_t layer);

@@ -1,5 +1,6 @@
 /* gpu_fa2.c: the fa2 kernels (attn/fa2) against the float64 reference (attn/ref) on random
- * paged steps: store_kv bytes, every mode, options, head dims, dtypes, page sizes, GQA. */
+ * paged steps: store_kv bytes, every mode, options, head dims, dtypes, page sizes, GQA.
+ * tests/gpu_fa3.c builds the same sweep with FATTN_TEST_FA3: attend through the fa3 backend. */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <pthread.h>
@@ -48,6 +49,22 @@ static double to_f(uint32_t dt, const void *p, size_t i) {
   return dt == FP ? fattn__f16_to_f32(b) : fattn__bf16_to_f32(b);
 }
 static const char *dname(uint32_t dt) { return dt == BF ? "bf16" : dt == FP ? "fp16" : "fp8"; }
+
+#ifdef FATTN_TEST_FA3
+#define BACKEND "fa3"
+/* fa3 with its TMA maps wherever the page size allows them (else it gathers, or falls back to
+ * fa2 for shapes it does not cover). */
+static int attend_under_test(fattn__layer_params l, fattn__step_params s, const void *q, void *out, float *lse) {
+  static _Alignas(64) uint8_t maps[256];
+  l.tmaps = fattn__fa3_encode_maps(&l, maps) == 0 ? maps : NULL;
+  return fattn__fa3_attend(l, s, q, out, lse, NULL);
+}
+#else
+#define BACKEND "fa2"
+static int attend_under_test(fattn__layer_params l, fattn__step_params s, const void *q, void *out, float *lse) {
+  return fattn__fa2_attend(l, s, q, out, lse, NULL);
+}
+#endif
 
 /* One group of random cases sharing a shape and options. */
 typedef struct cfg {
@@ -341,7 +358,7 @@ static double run_case(const cfg *c, int route, int *ok) {
   ds.mask = dmask;
   ds.split_o = dso;
   ds.split_lse = dsl;
-  CK(fattn__fa2_attend(dl, ds, dq, dout, dlse, NULL));
+  CK(attend_under_test(dl, ds, dq, dout, dlse));
   CK(cudaDeviceSynchronize());
 
   /* Host copies and the reference. */
@@ -612,9 +629,39 @@ START_TEST(prefill) {
 END_TEST
 
 START_TEST(totals) {
-  printf("fa2 totals: %d groups, %d failed cases\n", total_groups, total_fail);
+  printf(BACKEND " totals: %d groups, %d failed cases\n", total_groups, total_fail);
   ck_assert_int_eq(total_fail, 0);
 }
 END_TEST
 
+#ifdef FATTN_TEST_FA3
+/* Long prefill and extend on the fa3 kernel itself: every head dim it covers, TMA pages (128,
+ * 256) and gathered ones, causal, cross, window and softcap. */
+START_TEST(fa3_long) {
+  int f0 = total_fail;
+  static const uint32_t D3[3] = {64, 128, 256}, P3[4] = {16, 64, 128, 256};
+  for (int k = 0; k < 3; k++)
+    for (int p = 0; p < 4; p++) {
+      uint32_t mode = p == 3 ? FATTN_MODE_CROSS : FATTN_MODE_PREFILL;
+      cfg c = base_cfg(mode, D3[k], D3[k], (k + p) % 2 ? FP : BF, (k + p) % 2 ? FP : BF, P3[p], GQA[p][0], GQA[p][1]);
+      c.max_bs = 3;
+      c.long_len = 1500;
+      c.budget = 3000000;
+      const char *tag = "";
+      if (p == 1) { c.window = 300; tag = " window"; }
+      if (p == 2 && k == 1) { c.softcap = 4.0f; tag = " softcap"; }
+      group(&c, 2, tag);
+    }
+  cfg c = base_cfg(FATTN_MODE_PREFILL, 128, 128, BF, BF, 128, 2, 1);
+  c.max_bs = 1;
+  c.long_len = 8192;
+  c.budget = 2ull * 8192 * 8192;
+  group(&c, 1, " 8192");
+  ck_assert_int_eq(total_fail - f0, 0);
+}
+END_TEST
+
+FATTN_SUITE("gpu_fa3", FATTN_TEST_GPU, store_kv, decode, options, verify, prefill, fa3_long, totals)
+#else
 FATTN_SUITE("gpu_fa2", FATTN_TEST_GPU, store_kv, decode, options, verify, prefill, totals)
+#endif

@@ -89,12 +89,7 @@ extern "C" int fattn__fa2_attend(fattn__layer_params l, fattn__step_params s, co
   a.ps_shift = 0;
   while ((1u << a.ps_shift) < l.page_size) a.ps_shift++;
   const uint32_t G = l.num_q_heads / l.num_kv_heads;
-  /* Host policy from the mode and the caps: decode modes, and other steps with at most 128
-   * packed rows (q_len x group) per entry, take the GQA-packed split kernel; the rest 64-query tiles per q head. Either kernel
-   * is correct for any step; the choice must not depend on caps where a graph's caps differ
-   * from the eager step's (DRAFT_EXTEND's varying q_len), so that replay is bit-exact. */
-  const int decode = s.mode == 2u /* DECODE */ || s.mode == 4u /* DRAFT_DECODE */ ||
-                     (s.mode != 5u /* DRAFT_EXTEND */ && (uint64_t)s.cap_q_tokens * G <= 128ull * s.cap_entries);
+  const int decode = fattn__decode_kind(&l, &s);
   dim3 grid;
   if (decode) {
     uint32_t ctas = s.cap_entries * l.num_kv_heads;

@@ -95,13 +95,14 @@ def decode():
 
 
 def prefill():
-    ours = read_csv("build/prefill.csv")
+    ours = read_csv("build/prefill.csv")          # fattn-bench prefill --backend fa2
+    ours3 = read_csv("build/prefill_fa3.csv")     # fattn-bench prefill --backend fa3 --csv ...
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn_like(a)
     gemm = 2 * 8192**3 / (median_ms(lambda: a @ b) / 1e3) / 1e12
     del a, b
     print(f"prefill, FA3 paper setup (16k tokens, hidden 2048), bf16, TFLOP/s; cuBLAS bf16 GEMM 8192^3: {gemm:.0f}")
-    print(f"{'d':>4} {'seq':>6} {'causal':>6} {'cudnn':>8} {'fa2':>8} {'flex':>8} {'fattn':>8} {'/cudnn':>7}")
+    print(f"{'d':>4} {'seq':>6} {'causal':>6} {'cudnn':>8} {'fa2':>8} {'flex':>8} {'our fa2':>8} {'our fa3':>8} {'fa3/cudnn':>9} {'fa3/gemm':>8}")
     for d in (64, 128, 256):
         for seq in (512, 1024, 2048, 4096, 8192, 16384):
             bs, h = 16384 // seq, 2048 // d
@@ -113,10 +114,12 @@ def prefill():
                 # each shape compiles: FlexAttention on d 128 at 2k and 8k only
                 t["flex"] = try_time(flex(q, k, v, causal)) if d == 128 and seq in (2048, 8192) else None
                 rate = {n: (flops / (ms / 1e3) / 1e12 if ms else None) for n, ms in t.items()}
-                mine = ours.get(("causal" if causal else "noncausal", bs, seq, d, "bf16", 128))
-                f = float(mine["tflops"]) if mine else None
-                ratio = f"{f / rate['cudnn']:7.2f}" if f and rate["cudnn"] else "    n/a"
-                print(f"{d:4} {seq:6} {str(causal):>6} {fmt(rate['cudnn'])} {fmt(rate['fa2'])} {fmt(rate['flex'])} {fmt(f)} {ratio}")
+                key = ("causal" if causal else "noncausal", bs, seq, d, "bf16", 128)
+                f = float(ours[key]["tflops"]) if key in ours else None
+                f3 = float(ours3[key]["tflops"]) if key in ours3 else None
+                ratio = f"{f3 / rate['cudnn']:9.2f}" if f3 and rate["cudnn"] else "      n/a"
+                frac = f"{f3 / gemm:8.2f}" if f3 else "     n/a"
+                print(f"{d:4} {seq:6} {str(causal):>6} {fmt(rate['cudnn'])} {fmt(rate['fa2'])} {fmt(rate['flex'])} {fmt(f)} {fmt(f3)} {ratio} {frac}")
             del q, k, v
             torch.cuda.empty_cache()
 

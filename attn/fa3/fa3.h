@@ -1,0 +1,408 @@
+/* fa3.h: internals of the Hopper (sm_90a) attention kernel: arguments, mbarrier, TMA and
+ * wgmma helpers, the softmax policy and the warp-specialised kernel template. */
+#ifndef FATTN_ATTN_FA3_FA3_H
+#define FATTN_ATTN_FA3_FA3_H
+
+#include <cuda.h>
+
+#include "attn/fa2/fa2.h"
+#include "attn/fa3/wgmma.h"
+
+/* Everything the kernel needs besides the two tensor maps, by value. */
+typedef struct fa3__args {
+  fattn__layer_params l;
+  fattn__step_params s;
+  const void *q;
+  void *out;
+  float *lse;
+  float sl2;        /* scale * log2(e) */
+  float cap_scale;  /* scale, when softcap > 0 */
+  uint32_t ps_shift; /* log2(page_size) */
+  uint32_t use_tma; /* the maps are valid and every KV tile lies inside one page */
+} fa3__args;
+
+/* Launchers per head dim (attn/fa3/fa3_hd*.cu); grid is the persistent CTA count. */
+int fa3__launch_hd64(const fa3__args *a, const CUtensorMap *maps, int grid, cudaStream_t st);
+int fa3__launch_hd128(const fa3__args *a, const CUtensorMap *maps, int grid, cudaStream_t st);
+int fa3__launch_hd256(const fa3__args *a, const CUtensorMap *maps, int grid, cudaStream_t st);
+
+/* KV tile (slots) per head dim: the tile every TMA box and every page-size rule refers to. */
+#define FA3__BN(hd) ((hd) == 256 ? 64 : 128)
+
+#ifdef __CUDACC__
+
+/* ---- mbarriers, TMA, cp.async completion, named barriers */
+
+__device__ __forceinline__ void fa3__bar_init(uint64_t *b, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(fa2__smem(b)), "r"(count));
+}
+__device__ __forceinline__ void fa3__arrive(uint64_t *b) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(fa2__smem(b)) : "memory");
+}
+__device__ __forceinline__ void fa3__arrive_tx(uint64_t *b, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(fa2__smem(b)), "r"(bytes)
+               : "memory");
+}
+/* Arrives once every cp.async this thread issued so far has landed (counted on top). */
+__device__ __forceinline__ void fa3__arrive_cp(uint64_t *b) {
+  asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(fa2__smem(b)) : "memory");
+}
+__device__ __forceinline__ void fa3__wait(uint64_t *b, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred p;\nWAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT_%=;\n}\n" ::"r"(fa2__smem(b)),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void fa3__tma3(void *dst, const CUtensorMap *map, int c0, int c1, int c2, uint64_t *b) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
+          fa2__smem(dst)),
+      "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(fa2__smem(b))
+      : "memory");
+}
+__device__ __forceinline__ void fa3__sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+/* Ordinary (and cp.async) writes to shared memory made visible to wgmma and TMA readers. */
+__device__ __forceinline__ void fa3__fence_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+/* ---- wgmma ordering and operand descriptors */
+
+__device__ __forceinline__ void fa3__mma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void fa3__mma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void fa3__mma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* Keeps the compiler from moving accumulator registers across an asynchronous wgmma. */
+template <int N> __device__ __forceinline__ void fa3__pin(float *d) {
+#pragma unroll
+  for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/* Shared-memory operand in the 128-byte swizzle (rows of 128 bytes, 8-row groups 1024 bytes
+ * apart); lbo is the distance between 64-column slabs, read only for MN-major operands. */
+__device__ __forceinline__ uint64_t fa3__desc(const void *p, uint32_t lbo) {
+  uint64_t a = fa2__smem(p);
+  return ((a & 0x3FFFFull) >> 4) | ((uint64_t)((lbo >> 4) & 0x3FFFu) << 16) |
+         ((uint64_t)(1024u >> 4) << 32) | (1ull << 62);
+}
+/* Byte offset of 16-byte chunk c of row r inside a swizzled slab. */
+__device__ __forceinline__ uint32_t fa3__swz(uint32_t r, uint32_t c) { return r * 128u + ((c ^ (r & 7u)) << 4); }
+
+/* ---- the softmax policy: exact online softmax in exp2, rescaling whenever a row max grows.
+ * A policy sees a thread's two rows (fragment rows g and g + 8) and the scores of one tile. */
+template <int BN> struct fa3__softmax_exact {
+  float m[2], l[2];
+  __device__ __forceinline__ void init() { m[0] = m[1] = -INFINITY; l[0] = l[1] = 0.f; }
+  /* s: log2-scaled scores, -inf where masked; on return p = exp2(s - m), alpha the factor
+   * the accumulator rows must take. */
+  __device__ __forceinline__ void step(float *s, float *alpha) {
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int i = 0; i < BN / 8; i++) {
+      mx[0] = fmaxf(mx[0], fmaxf(s[4 * i], s[4 * i + 1]));
+      mx[1] = fmaxf(mx[1], fmaxf(s[4 * i + 2], s[4 * i + 3]));
+    }
+    float base[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      mx[h] = fa2__qmax(mx[h]);
+      base[h] = mx[h] == -INFINITY ? 0.f : mx[h];
+      alpha[h] = exp2f(m[h] - base[h]);
+      m[h] = mx[h];
+      l[h] *= alpha[h];
+    }
+#pragma unroll
+    for (int i = 0; i < BN / 8; i++) {
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        float p = exp2f(s[4 * i + k] - base[k >> 1]);
+        s[4 * i + k] = p;
+        l[k >> 1] += p;
+      }
+    }
+  }
+};
+
+/* ---- shapes */
+
+template <int HD, int ST> struct fa3__cfg {
+  static constexpr int BN = FA3__BN(HD), NT = 384, SLABS = HD / 64;
+  static constexpr int Q_WG = SLABS * 64 * 128;   /* one consumer's 64 rows: [slab][64][128 B] */
+  static constexpr int KV_SLAB = BN * 128;        /* [BN slots][128 B] */
+  static constexpr int K_BYTES = SLABS * KV_SLAB; /* [slab][BN][128 B], V alike (dv = d) */
+  static constexpr int STAGE = 2 * K_BYTES;
+  static constexpr int BARS = 3 * ST * 8;
+  static constexpr int SMEM = 1024 + 2 * Q_WG + ST * STAGE + BARS;
+  static_assert(SMEM <= 227 * 1024, "shared memory");
+};
+
+/* One unit of work: 128 query rows of one q head (two planner tiles of 64) and its KV range. */
+typedef struct fa3__tile {
+  fattn__entry e;
+  uint32_t hq, R0;      /* q head; first query row of the entry */
+  uint32_t kb, ke, nblk; /* blocks start at kb (a multiple of BN), end at slot ke */
+  bool tree;
+} fa3__tile;
+
+/* Work item w, largest query index first (causal tiles with most KV go first); false for an
+ * item that is the second half of a 128-row tile. */
+template <int BN>
+__device__ __forceinline__ bool fa3__tile_of(const fa3__args &a, uint32_t w, uint32_t num_tiles, fa3__tile *t) {
+  const fattn__step_hdr *hdr = a.s.hdr;
+  const uint32_t qh = a.l.num_q_heads, b = num_tiles - 1u - w / qh;
+  t->e = a.s.entries[fa2__find(a.s.entries, hdr->num_entries, b, 1)];
+  const uint32_t local = b - t->e.tile_start;
+  if (local & 1u) return false;
+  t->hq = w % qh;
+  t->R0 = local * 64u;
+  t->tree = hdr->mode == 3u && t->e.mask_row != UINT32_MAX && a.s.mask;
+  const uint32_t last = min(t->R0 + 127u, t->e.q_len - 1u);
+  fattn__kv_range r = fattn__rows_range(&a.l, (int)hdr->causal, t->tree, t->e.q_len, t->e.kv_len, t->R0, last);
+  t->kb = r.lo_any / BN * BN;
+  t->ke = r.hi_any;
+  t->nblk = t->ke > t->kb ? (t->ke - t->kb + BN - 1u) / BN : 0u;
+  return true;
+}
+
+/* ---- producer warpgroup: fills the K and V stages, by TMA where the tile sits in one page
+ * and is all inside the sequence, else by a cp.async gather (zeros past the range). */
+template <int HD, int ST, typename T>
+__device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorMap *tk, const CUtensorMap *tv,
+                                             char *kv, uint64_t *full_k, uint64_t *full_v, uint64_t *empty) {
+  using C = fa3__cfg<HD, ST>;
+  constexpr int BN = C::BN, CH = HD / 8; /* 16-byte chunks a row */
+  const uint32_t tid = threadIdx.x, G = a.l.num_q_heads / a.l.num_kv_heads;
+  const uint32_t psm = (1u << a.ps_shift) - 1u, num_tiles = a.s.hdr->num_tiles;
+  const uint32_t work = a.s.hdr->num_entries ? num_tiles * a.l.num_q_heads : 0u;
+  uint32_t it = 0;
+  for (uint32_t w = blockIdx.x; w < work; w += gridDim.x) {
+    fa3__tile t;
+    if (!fa3__tile_of<BN>(a, w, num_tiles, &t)) continue;
+    const uint32_t kvh = t.hq / G;
+    const int32_t *pt = a.l.page_table + (size_t)t.e.seq * a.l.pages_per_seq;
+    for (uint32_t blk = 0; blk < t.nblk; blk++, it++) {
+      const uint32_t s = it % ST, ph = (it / ST) & 1u, j0 = t.kb + blk * BN;
+      char *kd = kv + s * C::STAGE, *vd = kd + C::K_BYTES;
+      fa3__wait(&empty[s], ph ^ 1u);
+      if (a.use_tma && j0 + BN <= t.e.kv_len) {
+        if (tid == 0) {
+          const int row = (int)(((uint32_t)pt[j0 >> a.ps_shift] << a.ps_shift) + (j0 & psm));
+          fa3__arrive_tx(&full_k[s], C::K_BYTES);
+#pragma unroll
+          for (int sl = 0; sl < C::SLABS; sl++) fa3__tma3(kd + sl * C::KV_SLAB, tk, sl * 64, (int)kvh, row, &full_k[s]);
+          fa3__arrive_tx(&full_v[s], C::K_BYTES);
+#pragma unroll
+          for (int sl = 0; sl < C::SLABS; sl++) fa3__tma3(vd + sl * C::KV_SLAB, tv, sl * 64, (int)kvh, row, &full_v[s]);
+        }
+        continue;
+      }
+      /* Gather: thread tid keeps row tid % BN, so one page-table read a thread a tile. */
+      const uint32_t r = tid % BN, j = j0 + r;
+      const bool ok = j < t.ke && j < t.e.kv_len;
+      size_t off = 0;
+      if (ok) off = (((size_t)(((uint32_t)pt[j >> a.ps_shift] << a.ps_shift) + (j & psm)) * a.l.num_kv_heads + kvh) * HD) * 2u;
+      const char *ks = (const char *)a.l.k_pool + off, *vs = (const char *)a.l.v_pool + off;
+#pragma unroll
+      for (int c = (int)(tid / BN); c < CH; c += 128 / BN)
+        fa2__cp16(kd + (c / 8) * C::KV_SLAB + fa3__swz(r, c % 8), ks + c * 16, ok);
+      fa3__arrive_cp(&full_k[s]);
+#pragma unroll
+      for (int c = (int)(tid / BN); c < CH; c += 128 / BN)
+        fa2__cp16(vd + (c / 8) * C::KV_SLAB + fa3__swz(r, c % 8), vs + c * 16, ok);
+      fa3__arrive_cp(&full_v[s]);
+      fa3__sync(1, 128); /* every thread's pending arrive is counted before the last one */
+      if (tid == 0) {
+        fa3__arrive(&full_k[s]);
+        fa3__arrive(&full_v[s]);
+      }
+    }
+  }
+}
+
+/* ---- consumer warpgroup c: 64 query rows of each tile; S = Q K^T and O += P V by wgmma. */
+template <int HD, int ST, typename T, typename SM>
+__device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs, char *kv, uint64_t *full_k,
+                                             uint64_t *full_v, uint64_t *empty) {
+  using C = fa3__cfg<HD, ST>;
+  constexpr int BN = C::BN, CH = HD / 8;
+  const fattn__layer_params &l = a.l;
+  const uint32_t tid = threadIdx.x % 128u, warp = tid / 32u, lane = tid % 32u, g = lane / 4u, c4 = lane % 4u;
+  const uint32_t num_tiles = a.s.hdr->num_tiles, causal = a.s.hdr->causal;
+  const uint32_t work = a.s.hdr->num_entries ? num_tiles * l.num_q_heads : 0u;
+  uint32_t it = 0;
+  for (uint32_t w = blockIdx.x; w < work; w += gridDim.x) {
+    fa3__tile t;
+    if (!fa3__tile_of<BN>(a, w, num_tiles, &t)) continue;
+    const uint32_t R0 = t.R0 + 64u * (uint32_t)c, prefix = t.e.kv_len - t.e.q_len;
+    const bool rows = R0 < t.e.q_len;
+    const uint32_t last = rows ? min(R0 + 63u, t.e.q_len - 1u) : R0;
+    fattn__kv_range mine = fattn__rows_range(&l, (int)causal, t.tree, t.e.q_len, t.e.kv_len, R0, last);
+    const uint32_t all_hi = min(mine.hi_all, t.ke);
+
+    /* Q rows of this warpgroup, zeros past the entry. */
+    for (uint32_t ci = tid; ci < 64u * CH; ci += 128u) {
+      const uint32_t r = ci / CH, ch = ci % CH, q = R0 + r;
+      const char *src = (const char *)a.q;
+      if (q < t.e.q_len) src += ((size_t)(t.e.q_start + q) * l.num_q_heads + t.hq) * HD * 2u + ch * 16u;
+      fa2__cp16(qs + (ch / 8u) * 8192u + fa3__swz(r, ch % 8u), src, q < t.e.q_len);
+    }
+    fa2__commit();
+    fa2__wait<0>();
+    fa3__fence_async();
+    fa3__sync(2 + c, 128);
+
+    uint32_t qpos[2];
+    const uint64_t *mrow[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const uint32_t q = min(R0 + warp * 16u + g + 8u * h, t.e.q_len - 1u);
+      qpos[h] = prefix + q;
+      mrow[h] = t.tree ? a.s.mask + t.e.mask_row + q : nullptr;
+    }
+    float o[HD / 2];
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) o[i] = 0.f;
+    SM sm;
+    sm.init();
+
+    for (uint32_t blk = 0; blk < t.nblk; blk++, it++) {
+      const uint32_t s = it % ST, ph = (it / ST) & 1u, j0 = t.kb + blk * BN;
+      const char *kd = kv + s * C::STAGE, *vd = kd + C::K_BYTES;
+      const bool live = rows && j0 < mine.hi_any && j0 + BN > mine.lo_any;
+      float sc[BN / 2];
+      fa3__wait(&full_k[s], ph);
+      if (live) {
+        fa3__fence_async();
+        fa3__mma_fence();
+#pragma unroll
+        for (int ks = 0; ks < HD / 16; ks++)
+          fa3__mma_ss<BN, T>(sc, fa3__desc(qs + (ks / 4) * 8192 + (ks % 4) * 32, 0u),
+                             fa3__desc(kd + (ks / 4) * C::KV_SLAB + (ks % 4) * 32, 0u), ks > 0);
+        fa3__mma_commit();
+        fa3__pin<BN / 2>(sc);
+        fa3__mma_wait<0>();
+        fa3__pin<BN / 2>(sc);
+        const bool full = j0 >= mine.lo_all && j0 + BN <= all_hi;
+#pragma unroll
+        for (int i = 0; i < BN / 8; i++) {
+#pragma unroll
+          for (int k = 0; k < 4; k++) {
+            float x = sc[4 * i + k];
+            if (l.softcap > 0.f) x = l.softcap * tanhf(x * a.cap_scale / l.softcap) * FA2__LOG2E;
+            else x *= a.sl2;
+            if (!full) {
+              const uint32_t j = j0 + 8u * i + 2u * c4 + (k & 1);
+              const int h = k >> 1;
+              if (!(j < t.ke && fa2__vis(l, (int)causal, t.tree, mrow[h], prefix, qpos[h], j))) x = -INFINITY;
+            }
+            sc[4 * i + k] = x;
+          }
+        }
+        float alpha[2];
+        sm.step(sc, alpha);
+#pragma unroll
+        for (int i = 0; i < HD / 8; i++) {
+          o[4 * i] *= alpha[0]; o[4 * i + 1] *= alpha[0];
+          o[4 * i + 2] *= alpha[1]; o[4 * i + 3] *= alpha[1];
+        }
+      }
+      fa3__wait(&full_v[s], ph);
+      if (live) {
+        uint32_t p[BN / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) {
+#pragma unroll
+          for (int r = 0; r < 4; r++) p[kk][r] = fa2__pack<T>(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
+        }
+        fa3__fence_async();
+        fa3__pin<HD / 2>(o);
+        fa3__mma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) fa3__mma_rs<HD, T>(o, p[kk], fa3__desc(vd + kk * 2048, C::KV_SLAB));
+        fa3__mma_commit();
+        fa3__pin<HD / 2>(o);
+        fa3__mma_wait<0>();
+        fa3__pin<HD / 2>(o);
+      }
+      if (lane == 0) fa3__arrive(&empty[s]);
+    }
+    if (!rows) continue;
+
+    /* Epilogue: O / l and LSE straight from the fragments. */
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const uint32_t q = R0 + warp * 16u + g + 8u * h;
+      const float L = fa2__qsum(sm.l[h]), M = sm.m[h];
+      if (q >= t.e.q_len) continue;
+      float lse2 = -INFINITY, inv = 0.f; /* a row that sees nothing: O = 0, LSE = sink or -inf */
+      if (M != -INFINITY) {
+        const float Lt = L + (l.sinks ? exp2f(l.sinks[t.hq] * FA2__LOG2E - M) : 0.f);
+        inv = 1.f / Lt;
+        lse2 = M + log2f(Lt);
+      } else if (l.sinks) {
+        lse2 = l.sinks[t.hq] * FA2__LOG2E;
+      }
+      const size_t row_o = (size_t)(t.e.q_start + q) * l.num_q_heads + t.hq;
+      T *dst = (T *)a.out + row_o * HD + 2u * c4;
+#pragma unroll
+      for (int i = 0; i < HD / 8; i++)
+        *(uint32_t *)(dst + 8 * i) = fa2__pack<T>(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
+      if (a.lse && c4 == 0u) a.lse[row_o] = lse2 * FA2__LN2;
+    }
+  }
+}
+
+template <int HD, int ST, typename T, typename SM>
+__global__ void __launch_bounds__(384, 1)
+    fa3__attn(const __grid_constant__ fa3__args a, const __grid_constant__ CUtensorMap tk,
+              const __grid_constant__ CUtensorMap tv) {
+  using C = fa3__cfg<HD, ST>;
+  extern __shared__ __align__(16) char smem_raw[];
+  char *smem = (char *)(((uintptr_t)smem_raw + 1023u) & ~(uintptr_t)1023u); /* swizzle atoms */
+  char *qs = smem, *kv = smem + 2 * C::Q_WG;
+  uint64_t *full_k = (uint64_t *)(kv + ST * C::STAGE), *full_v = full_k + ST, *empty = full_v + ST;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < ST; s++) {
+      fa3__bar_init(&full_k[s], 1);
+      fa3__bar_init(&full_v[s], 1);
+      fa3__bar_init(&empty[s], 8); /* one arrive a consumer warp */
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  const int wg = (int)(threadIdx.x / 128u);
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 64;\n");
+    fa3__produce<HD, ST, T>(a, &tk, &tv, kv, full_k, full_v, empty);
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
+    fa3__consume<HD, ST, T, SM>(a, wg - 1, qs + (wg - 1) * C::Q_WG, kv, full_k, full_v, empty);
+  }
+}
+
+template <int HD, int ST, typename T>
+static int fa3__go(const fa3__args *a, const CUtensorMap *maps, int grid, cudaStream_t st) {
+  using C = fa3__cfg<HD, ST>;
+  auto k = fa3__attn<HD, ST, T, fa3__softmax_exact<C::BN>>;
+  static int attr_set; /* benign race: idempotent */
+  if (!attr_set) {
+    cudaError_t err = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
+    if (err != cudaSuccess) return (int)err;
+    attr_set = 1;
+  }
+  k<<<grid, C::NT, C::SMEM, st>>>(*a, maps[0], maps[1]);
+  return (int)cudaGetLastError();
+}
+
+/* The two kernels of one head dim: bf16 and fp16 (the KV in Q's type). */
+template <int HD, int ST>
+static int fa3__launch(const fa3__args *a, const CUtensorMap *maps, int grid, cudaStream_t st) {
+  if (a->l.q_dtype == 1u) return fa3__go<HD, ST, __nv_bfloat16>(a, maps, grid, st);
+  return fa3__go<HD, ST, __half>(a, maps, grid, st);
+}
+
+#endif /* __CUDACC__ */
+#endif /* FATTN_ATTN_FA3_FA3_H */

@@ -1,0 +1,95 @@
+/* fa3_attend.cu: the fa3 entry points: device and shape checks, the tensor maps made once per
+ * layer, and host dispatch (fa3's kernel for query-tiled steps, fa2 for the rest). */
+#include <cudaTypedefs.h>
+
+#include "attn/fa3/fa3.h"
+
+extern "C" int fattn__fa3_available(void) {
+  static int avail = -1; /* device attributes, read once */
+  if (avail < 0) {
+    int dev = 0, major = 0, minor = 0;
+    avail = cudaGetDevice(&dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+            major == 9 && minor == 0;
+    cudaGetLastError();
+  }
+  return avail;
+}
+
+extern "C" int fattn__fa3_supports(const fattn__layer_params *l) {
+  const uint32_t d = l->head_dim;
+  return (d == 64u || d == 128u || d == 256u) && l->head_dim_v == d && !l->mla &&
+         (l->q_dtype == 1u || l->q_dtype == 2u) && l->kv_dtype == l->q_dtype &&
+         l->num_kv_heads > 0u && l->num_q_heads % l->num_kv_heads == 0u;
+}
+
+extern "C" int fattn__fa3_encode_maps(const fattn__layer_params *l, void *maps) {
+  if (!fattn__fa3_supports(l) || l->page_size % FA3__BN(l->head_dim) != 0u) return (int)cudaErrorNotSupported;
+  static PFN_cuTensorMapEncodeTiled_v12000 encode; /* driver entry point, looked up once */
+  if (!encode) {
+    cudaDriverEntryPointQueryResult q;
+    void *fn = NULL;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess || !fn)
+      return (int)cudaErrorNotSupported;
+    encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+  }
+  /* [slots, kv_heads, d] with slots = pages * page_size; a box is 64 dims x 1 head x BN slots. */
+  const cuuint64_t dims[3] = {l->head_dim, l->num_kv_heads, (cuuint64_t)l->num_pages * l->page_size};
+  const cuuint64_t strides[2] = {(cuuint64_t)l->head_dim * 2u, (cuuint64_t)l->num_kv_heads * l->head_dim * 2u};
+  const cuuint32_t box[3] = {64u, 1u, (cuuint32_t)FA3__BN(l->head_dim)}, unit[3] = {1u, 1u, 1u};
+  const CUtensorMapDataType dt = l->q_dtype == 1u ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  CUtensorMap *m = (CUtensorMap *)maps;
+  void *pools[2] = {l->k_pool, l->v_pool};
+  for (int i = 0; i < 2; i++)
+    if (encode(&m[i], dt, 3, pools[i], dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+      return (int)cudaErrorInvalidValue;
+  return (int)cudaSuccess;
+}
+
+static int fa3__sm_count(void) {
+  static int sms; /* host attribute, read once */
+  if (!sms) {
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0)
+      n = 132;
+    sms = n;
+  }
+  return sms;
+}
+
+extern "C" int fattn__fa3_attend(fattn__layer_params l, fattn__step_params s, const void *q, void *out,
+                                 float *lse, void *stream) {
+  if (!fattn__fa3_supports(&l) || !fattn__fa3_available() || fattn__decode_kind(&l, &s))
+    return fattn__fa2_attend(l, s, q, out, lse, stream);
+  if (s.cap_entries == 0u || s.cap_q_tokens == 0u || s.cap_tiles == 0u) return (int)cudaSuccess;
+  fa3__args a;
+  a.l = l;
+  a.s = s;
+  a.q = q;
+  a.out = out;
+  a.lse = lse;
+  a.cap_scale = l.scale;
+  a.sl2 = l.scale * FA2__LOG2E;
+  a.ps_shift = 0;
+  while ((1u << a.ps_shift) < l.page_size) a.ps_shift++;
+  CUtensorMap none[2];
+  const CUtensorMap *maps = (const CUtensorMap *)l.tmaps;
+  a.use_tma = maps != NULL && l.page_size % FA3__BN(l.head_dim) == 0u;
+  if (!a.use_tma) {
+    memset(none, 0, sizeof none);
+    maps = none;
+  }
+  const uint64_t work = (uint64_t)s.cap_tiles * l.num_q_heads;
+  const int grid = (int)(work < (uint64_t)fa3__sm_count() ? work : (uint64_t)fa3__sm_count());
+  cudaStream_t st = (cudaStream_t)stream;
+  switch (l.head_dim) {
+    case 64u: return fa3__launch_hd64(&a, maps, grid, st);
+    case 128u: return fa3__launch_hd128(&a, maps, grid, st);
+    default: return fa3__launch_hd256(&a, maps, grid, st);
+  }
+}
