@@ -57,7 +57,7 @@ static void heap_tables(const fattn__norm *n, const fattn__layout *lay, uint64_t
       ms * 4,                                   /* dirty rows */
       (uint64_t)lay->cap_copies * sizeof(fattn__page_copy),
       (uint64_t)n->model.num_layers * sizeof(fattn_layer_opts),
-      (uint64_t)n->staging_slots * sizeof(void *),
+      (uint64_t)n->staging_slots * sizeof(uint64_t), /* staging completion words */
       (uint64_t)(FATTN_MODE_COUNT + 1) * n->num_buckets * sizeof(fattn__graph_slot),
       (uint64_t)n->model.num_layers * FATTN__TMAP_BYTES + FATTN__TMAP_ALIGN, /* fa3 tensor maps */
   };

@@ -1,5 +1,5 @@
 /* plan.c: fattn_plan. Validates a batch against the context (no state touched on error),
- * stages entries and page-table changes in the pinned ring, one async copy, one prep kernel. */
+ * stages entries and page-table changes in the pinned ring; one prep kernel reads them in place. */
 #include <cuda_runtime_api.h>
 #include <string.h>
 
@@ -144,20 +144,27 @@ static fattn_status validate(fattn_ctx *ctx, const fattn_batch *b, uint32_t cap_
   return FATTN_OK;
 }
 
-/* A free staging slot; when the GPU is a whole ring behind, waiting is back-pressure. */
-static fattn_status take_slot(fattn_ctx *ctx, uint8_t **slot, uint32_t *index) {
-  uint32_t i = ctx->ring_next;
-  ctx->ring_next = (i + 1) % ctx->n.staging_slots;
-  if (!ctx->n.on_cpu) {
-    cudaEvent_t ev = (cudaEvent_t)ctx->events[i];
-    cudaError_t e = cudaEventQuery(ev);
-    if (e == cudaErrorNotReady) {
-      ctx->staging_waits++;
-      e = cudaEventSynchronize(ev);
+/* The slot's completion word: its last use's number + 1 once that prep kernel stopped reading it. */
+static uint64_t slot_done(const fattn_ctx *ctx, uint32_t i) {
+  return __atomic_load_n(&ctx->done[i], __ATOMIC_ACQUIRE);
+}
+
+/* A free staging slot. Use n of the ring goes to slot n % slots, so the slot is free once
+ * use n - slots has stored its completion word. When the GPU is a whole ring behind, waiting
+ * is back-pressure (counted); polling the caller's stream meanwhile surfaces a dead context. */
+static fattn_status take_slot(fattn_ctx *ctx, void *stream, uint8_t **slot, uint32_t *index) {
+  const uint32_t i = ctx->ring_next, slots = ctx->n.staging_slots;
+  const uint64_t use = ctx->ring_taken;
+  if (!ctx->n.on_cpu && use >= slots && slot_done(ctx, i) < use - slots + 1) {
+    ctx->staging_waits++;
+    while (slot_done(ctx, i) < use - slots + 1) {
+      cudaError_t e = cudaStreamQuery((cudaStream_t)stream);
+      if (e != cudaSuccess && e != cudaErrorNotReady)
+        return fattn__fail(ctx, FATTN_ERR_CUDA, "staging slot %u: %s", i, cudaGetErrorString(e));
     }
-    if (e != cudaSuccess)
-      return fattn__fail(ctx, FATTN_ERR_CUDA, "staging slot %u: %s", i, cudaGetErrorString(e));
   }
+  ctx->ring_next = (i + 1) % slots;
+  ctx->ring_taken = use + 1;
   *slot = ctx->ring + (uint64_t)i * ctx->lay.slot_bytes;
   *index = i;
   return FATTN_OK;
@@ -190,31 +197,33 @@ static void stage_changes(fattn_ctx *ctx, uint8_t *slot, fattn__step_hdr *h) {
   p->num_copies = 0;
 }
 
-/* Only the used prefix of a slot travels: header, entries, masks, then the change lists. */
+/* Page-table payload words a slot carries: the last update's payload ends them. */
+static uint32_t staged_words(const fattn_ctx *ctx, const uint8_t *slot) {
+  const fattn__step_hdr *h = (const fattn__step_hdr *)slot;
+  if (!h->num_pt_updates) return 0;
+  const fattn__pt_update *last = (const fattn__pt_update *)(slot + ctx->lay.slot_off_updates) + h->num_pt_updates - 1;
+  return last->payload + last->count;
+}
+
+/* On the CPU only the used prefix of a slot is copied: header, entries, masks, change lists. */
 static uint64_t used_bytes(const fattn_ctx *ctx, const uint8_t *slot) {
   const fattn__step_hdr *h = (const fattn__step_hdr *)slot;
-  if (h->num_pt_updates) {
-    const fattn__pt_update *last = (const fattn__pt_update *)(slot + ctx->lay.slot_off_updates) + h->num_pt_updates - 1;
-    return ctx->lay.slot_off_words + ((uint64_t)last->payload + last->count) * 4;
-  }
+  if (h->num_pt_updates) return ctx->lay.slot_off_words + (uint64_t)staged_words(ctx, slot) * 4;
   return h->num_page_copies ? ctx->lay.slot_off_words : ctx->lay.slot_off_updates;
 }
 
+/* On the GPU nothing is copied: the prep kernel reads the slot in place and frees it. */
 static fattn_status submit(fattn_ctx *ctx, uint8_t *slot, uint32_t index, const fattn__plan_target *t,
                            void *stream) {
   uint8_t *inbox = ctx->dev + ctx->lay.dev_off[FATTN_REGION_METADATA];
-  uint64_t bytes = used_bytes(ctx, slot);
   if (ctx->n.on_cpu) {
-    memcpy(inbox, slot, bytes);
+    memcpy(inbox, slot, used_bytes(ctx, slot));
     fattn__prep_host(ctx, inbox, t);
     return FATTN_OK;
   }
-  cudaStream_t s = (cudaStream_t)stream;
-  cudaError_t e = cudaMemcpyAsync(inbox, slot, bytes, cudaMemcpyHostToDevice, s);
-  if (e == cudaSuccess) e = cudaEventRecord((cudaEvent_t)ctx->events[index], s);
-  if (e == cudaSuccess)
-    e = (cudaError_t)fattn__prep_launch(ctx, inbox, t, ((const fattn__step_hdr *)slot)->num_page_copies, stream);
-  if (e != cudaSuccess) return fattn__fail(ctx, FATTN_ERR_CUDA, "staging copy or prep kernel: %s", cudaGetErrorString(e));
+  cudaError_t e = (cudaError_t)fattn__prep_launch(ctx, slot, index, ctx->ring_taken, staged_words(ctx, slot), t,
+                                                  stream);
+  if (e != cudaSuccess) return fattn__fail(ctx, FATTN_ERR_CUDA, "prep kernel: %s", cudaGetErrorString(e));
   return FATTN_OK;
 }
 
@@ -253,7 +262,7 @@ fattn_status fattn__plan_into(fattn_ctx *ctx, const fattn_batch *b, void *stream
   ctx->step.planned = 0;
   /* Changes beyond one slot's room go first, in slots that carry no entries. */
   while (1) {
-    if ((st = take_slot(ctx, &slot, &index))) return st;
+    if ((st = take_slot(ctx, stream, &slot, &index))) return st;
     fattn__step_hdr *h = (fattn__step_hdr *)slot;
     fill_header(ctx, h, b->mode);
     stage_changes(ctx, slot, h);
@@ -282,7 +291,7 @@ fattn_status fattn__plan_into(fattn_ctx *ctx, const fattn_batch *b, void *stream
   h->num_entries = padded;
   if (info.mask_rows) memcpy(slot + fattn__area_mask_off(ctx->n.max_entries), b->tree_mask, (size_t)info.mask_rows * 8);
   if ((st = submit(ctx, slot, index, t, stream))) return st;
-  /* The inbox starts as an area of max_entries entries; prep derives in place there. */
+  /* Eager steps read the inbox, an area of max_entries entries; graphs their bucket's area. */
   uint8_t *area = t->dst ? t->dst : ctx->dev + ctx->lay.dev_off[FATTN_REGION_METADATA];
   uint32_t area_cap = t->dst ? t->cap_entries : ctx->n.max_entries;
   uint32_t pads = padded - info.entries;

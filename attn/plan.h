@@ -22,9 +22,11 @@ void fattn__step_bind(fattn_ctx *ctx, fattn_mode mode, uint8_t *area, uint32_t c
 fattn_status fattn__plan_into(fattn_ctx *ctx, const fattn_batch *batch, void *stream,
                               const fattn__plan_target *target);
 
-/* attn/prep.cu: applies the staged updates and copies, then derives the metadata. */
-int fattn__prep_launch(fattn_ctx *ctx, uint8_t *inbox, const fattn__plan_target *target,
-                       uint32_t num_copies, void *stream);
+/* attn/prep.cu: reads staging slot `index` (host pointer `slot`, num_words payload words) in
+ * place, applies its updates and copies, derives the metadata into the target, then stores
+ * `seq` into the slot's completion word. A prep that fails to launch frees the slot itself. */
+int fattn__prep_launch(fattn_ctx *ctx, const uint8_t *slot, uint32_t index, uint64_t seq, uint32_t num_words,
+                       const fattn__plan_target *target, void *stream);
 /* The same work on the host, for the CPU backend. */
 void fattn__prep_host(fattn_ctx *ctx, uint8_t *inbox, const fattn__plan_target *target);
 

@@ -1,19 +1,26 @@
-/* prep.cu: the planner's device side. One block applies the staged page-table updates and
- * derives the step metadata in parallel; copy-on-write page copies get their own launch. */
+/* prep.cu: the planner's device side. One block reads the staging slot in place from mapped
+ * pinned memory, applies its page-table updates, derives the step metadata in parallel and
+ * frees the slot; copy-on-write page copies get their own launch. */
 #include <cuda_runtime.h>
 
 extern "C" {
 #include "attn/plan.h"
 }
 
-/* Where things lie in the inbox; passed by value. */
+/* Where things lie; passed by value, so the header costs no read over the bus. */
 typedef struct prep_args {
-  uint8_t *inbox;
-  uint64_t off_entries, off_updates, off_words, off_mask;
-  uint32_t *table;        // [max_seqs, pages_per_seq]
+  fattn__step_hdr hdr;        // the staged header
+  const uint8_t *slot;        // the staging slot, a device address of pinned host memory
+  uint8_t *meta;              // [hdr][entries][mask rows]: the eager inbox or a graph area
+  uint64_t off_entries;       // in slot and meta alike
+  uint64_t slot_off_mask, meta_off_mask;
+  uint64_t off_updates, off_words, off_copies;
+  fattn__page_copy *copies;   // device copy of the slot's copies, for copy_pages_kernel
+  uint32_t *table;            // [max_seqs, pages_per_seq]
   uint32_t pages_per_seq;
-  uint8_t *dst;           // graph area or NULL
-  uint64_t dst_off_mask;
+  uint32_t num_words;
+  unsigned long long *done;   // the slot's completion word (device address of pinned memory)
+  unsigned long long seq;
 } prep_args;
 
 enum { PREP_THREADS = 1024, PREP_WARPS = PREP_THREADS / 32 };
@@ -51,33 +58,65 @@ __device__ void block_scan4(const unsigned long long v[4], unsigned long long ex
   __syncthreads();
 }
 
-/* One block: every staged page-table word in parallel, then every entry in parallel (the
- * same derivation as fattn__prep, by prefix sums). */
+/* Entry i of a slot: 48 bytes at a 16-byte aligned offset, as three 16-byte loads. */
+__device__ fattn__entry load_entry(const uint8_t *entries, uint32_t i) {
+  const uint4 *p = (const uint4 *)(entries + (size_t)i * sizeof(fattn__entry));
+  uint4 w[3] = {p[0], p[1], p[2]};
+  fattn__entry x;
+  memcpy(&x, w, sizeof x);
+  return x;
+}
+
+__device__ fattn__pt_update load_update(const uint8_t *updates, uint32_t i) {
+  uint4 w = ((const uint4 *)updates)[i];
+  return fattn__pt_update{w.x, w.y, w.z, w.w};
+}
+
+/* One block. Each read of the slot is a round trip over the bus, so every list's first chunk
+ * is loaded up front; then page-table words and entries in parallel (the same derivation as
+ * fattn__prep, by prefix sums); last, the completion word releases the slot to the host. */
 __global__ void __launch_bounds__(PREP_THREADS) prep_kernel(prep_args a) {
-  fattn__step_hdr *h = (fattn__step_hdr *)a.inbox;
-  const fattn__pt_update *up = (const fattn__pt_update *)(a.inbox + a.off_updates);
-  const uint32_t *words = (const uint32_t *)(a.inbox + a.off_words);
-  const uint32_t nu = h->num_pt_updates;
-  const uint32_t total = nu ? up[nu - 1].payload + up[nu - 1].count : 0u;
-  for (uint32_t w = threadIdx.x; w < total; w += blockDim.x) {
-    uint32_t lo = 0, hi = nu - 1; /* the update holding word w: payloads are prefix sums */
-    while (lo < hi) {
-      uint32_t mid = (lo + hi + 1) / 2;
-      if (up[mid].payload <= w) lo = mid;
-      else hi = mid - 1;
+  __shared__ fattn__pt_update s_up[PREP_THREADS];
+  const fattn__step_hdr h = a.hdr;
+  const uint32_t tid = threadIdx.x, n = h.num_entries, nu = h.num_pt_updates;
+  const uint8_t *se = a.slot + a.off_entries, *sup = a.slot + a.off_updates;
+  const uint32_t *words = (const uint32_t *)(a.slot + a.off_words);
+  fattn__entry x = {};
+  fattn__pt_update u = {};
+  if (tid < n) x = load_entry(se, tid);
+  if (tid < nu) u = load_update(sup, tid);
+  const uint32_t w0 = tid < a.num_words ? words[tid] : 0u;
+  const fattn__page_copy *sc = (const fattn__page_copy *)(a.slot + a.off_copies);
+  for (uint32_t j = tid; j < h.num_page_copies; j += blockDim.x) a.copies[j] = sc[j];
+  const uint64_t *sm = (const uint64_t *)(a.slot + a.slot_off_mask);
+  uint64_t *dm = (uint64_t *)(a.meta + a.meta_off_mask);
+  for (uint32_t j = tid; j < h.num_mask_rows; j += blockDim.x) dm[j] = sm[j];
+  for (uint32_t ub = 0; ub < nu; ub += PREP_THREADS) { /* updates in chunks held in shared memory */
+    if (ub && ub + tid < nu) u = load_update(sup, ub + tid);
+    if (ub + tid < nu) s_up[tid] = u;
+    __syncthreads();
+    const uint32_t cnt = nu - ub < PREP_THREADS ? nu - ub : PREP_THREADS;
+    const uint32_t w_end = s_up[cnt - 1].payload + s_up[cnt - 1].count;
+    for (uint32_t w = s_up[0].payload + tid; w < w_end; w += blockDim.x) {
+      uint32_t lo = 0, hi = cnt - 1; /* the update holding word w: payloads are prefix sums */
+      while (lo < hi) {
+        uint32_t mid = (lo + hi + 1) / 2;
+        if (s_up[mid].payload <= w) lo = mid;
+        else hi = mid - 1;
+      }
+      a.table[(size_t)s_up[lo].row * a.pages_per_seq + s_up[lo].index + (w - s_up[lo].payload)] =
+          w == tid ? w0 : words[w];
     }
-    a.table[(size_t)up[lo].row * a.pages_per_seq + up[lo].index + (w - up[lo].payload)] = words[w];
+    __syncthreads();
   }
-  fattn__entry *e = (fattn__entry *)(a.inbox + a.off_entries);
-  const uint32_t n = h->num_entries;
+  fattn__entry *e = (fattn__entry *)(a.meta + a.off_entries);
   unsigned long long carry[4] = {0, 0, 0, 0}; /* q tokens, new tokens, tiles, split rows */
   for (uint32_t base = 0; base < n; base += PREP_THREADS) {
-    uint32_t i = base + threadIdx.x;
-    fattn__entry x = {};
+    uint32_t i = base + tid;
     unsigned long long v[4] = {0, 0, 0, 0}, ex[4], tot[4];
+    if (base && i < n) x = load_entry(se, i);
     if (i < n) {
-      x = e[i];
-      fattn__split_of(h, &x);
+      fattn__split_of(&h, &x);
       v[0] = x.q_len, v[1] = x.new_len, v[2] = fattn__ceil_div(x.q_len, FATTN__Q_TILE), v[3] = fattn__split_rows(&x);
     }
     block_scan4(v, ex, tot);
@@ -90,26 +129,22 @@ __global__ void __launch_bounds__(PREP_THREADS) prep_kernel(prep_args a) {
     }
     for (int k = 0; k < 4; k++) carry[k] += tot[k];
   }
-  const int unsplit = carry[3] > h->split_rows_cap;
+  const int unsplit = carry[3] > h.split_rows_cap;
   __syncthreads();
   if (unsplit)
-    for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) fattn__unsplit(&e[i]);
-  if (threadIdx.x == 0) {
-    h->num_q_tokens = (uint32_t)carry[0];
-    h->num_new_tokens = (uint32_t)carry[1];
-    h->num_tiles = (uint32_t)carry[2];
-    h->num_split_rows = unsplit ? 0u : (uint32_t)carry[3];
+    for (uint32_t i = tid; i < n; i += blockDim.x) fattn__unsplit(&e[i]);
+  if (tid == 0) {
+    fattn__step_hdr o = h;
+    o.num_q_tokens = (uint32_t)carry[0];
+    o.num_new_tokens = (uint32_t)carry[1];
+    o.num_tiles = (uint32_t)carry[2];
+    o.num_split_rows = unsplit ? 0u : (uint32_t)carry[3];
+    *(fattn__step_hdr *)a.meta = o;
   }
-  if (!a.dst) return;
+  /* Every thread's reads of the slot are behind this barrier; the release at system scope
+   * orders them before the host can see the word and rewrite the slot. */
   __syncthreads();
-  uint32_t rows = h->num_mask_rows;
-  uint32_t *de = (uint32_t *)(a.dst + a.off_entries);
-  const uint32_t *se = (const uint32_t *)e;
-  for (uint32_t j = threadIdx.x; j < n * (uint32_t)(sizeof(fattn__entry) / 4); j += blockDim.x) de[j] = se[j];
-  uint64_t *dm = (uint64_t *)(a.dst + a.dst_off_mask);
-  const uint64_t *sm = (const uint64_t *)(a.inbox + a.off_mask);
-  for (uint32_t j = threadIdx.x; j < rows; j += blockDim.x) dm[j] = sm[j];
-  if (threadIdx.x < sizeof(fattn__step_hdr) / 4) ((uint32_t *)a.dst)[threadIdx.x] = ((const uint32_t *)h)[threadIdx.x];
+  if (tid == 0) asm volatile("st.release.sys.u64 [%0], %1;" ::"l"(a.done), "l"(a.seq) : "memory");
 }
 
 /* Block (layer, pool) performs every copy in queue order: a queue can chain (0->1 then
@@ -127,28 +162,39 @@ __global__ void copy_pages_kernel(const fattn__page_copy *c, uint32_t n, uint8_t
   }
 }
 
-extern "C" int fattn__prep_launch(fattn_ctx *ctx, uint8_t *inbox, const fattn__plan_target *t,
-                                  uint32_t num_copies, void *stream) {
+extern "C" int fattn__prep_launch(fattn_ctx *ctx, const uint8_t *slot, uint32_t index, uint64_t seq,
+                                  uint32_t num_words, const fattn__plan_target *t, void *stream) {
   cudaStream_t s = (cudaStream_t)stream;
-  uint8_t *dev = ctx->dev;
-  if (num_copies) {
+  uint8_t *dev = ctx->dev, *inbox = dev + ctx->lay.dev_off[FATTN_REGION_METADATA];
+  prep_args a;
+  a.hdr = *(const fattn__step_hdr *)slot;
+  a.slot = (const uint8_t *)fattn__pinned_dev(ctx, slot);
+  a.meta = t->dst ? t->dst : inbox;
+  a.off_entries = fattn__area_entries_off();
+  a.slot_off_mask = fattn__area_mask_off(ctx->n.max_entries);
+  a.meta_off_mask = t->dst ? fattn__area_mask_off(t->cap_entries) : a.slot_off_mask;
+  a.off_updates = ctx->lay.slot_off_updates;
+  a.off_words = ctx->lay.slot_off_words;
+  a.off_copies = ctx->lay.slot_off_copies;
+  a.copies = (fattn__page_copy *)(inbox + ctx->lay.slot_off_copies);
+  a.table = (uint32_t *)(dev + ctx->lay.dev_off[FATTN_REGION_PAGE_TABLE]);
+  a.pages_per_seq = ctx->lay.pages_per_seq;
+  a.num_words = num_words;
+  a.done = (unsigned long long *)fattn__pinned_dev(ctx, &ctx->done[index]);
+  a.seq = seq;
+  prep_kernel<<<1, PREP_THREADS, 0, s>>>(a);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) { /* nothing will read the slot */
+    __atomic_store_n(&ctx->done[index], seq, __ATOMIC_RELEASE);
+    return (int)e;
+  }
+  const uint32_t num_copies = a.hdr.num_page_copies;
+  if (num_copies) { /* after prep, which moved the copy list to the device */
     const uint64_t k_page = ctx->lay.k_page_bytes, v_page = ctx->lay.v_page_bytes;
     dim3 grid(ctx->n.model.num_layers, v_page ? 2 : 1);
-    copy_pages_kernel<<<grid, 512, 0, s>>>((const fattn__page_copy *)(inbox + ctx->lay.slot_off_copies), num_copies,
-                                           dev + ctx->lay.dev_off[FATTN_REGION_K_POOL],
+    copy_pages_kernel<<<grid, 512, 0, s>>>(a.copies, num_copies, dev + ctx->lay.dev_off[FATTN_REGION_K_POOL],
                                            dev + ctx->lay.dev_off[FATTN_REGION_V_POOL], ctx->lay.k_layer_bytes,
                                            ctx->lay.v_layer_bytes, k_page, v_page);
   }
-  prep_args a;
-  a.inbox = inbox;
-  a.off_entries = fattn__area_entries_off();
-  a.off_updates = ctx->lay.slot_off_updates;
-  a.off_words = ctx->lay.slot_off_words;
-  a.off_mask = fattn__area_mask_off(ctx->n.max_entries);
-  a.table = (uint32_t *)(dev + ctx->lay.dev_off[FATTN_REGION_PAGE_TABLE]);
-  a.pages_per_seq = ctx->lay.pages_per_seq;
-  a.dst = t->dst;
-  a.dst_off_mask = t->dst ? fattn__area_mask_off(t->cap_entries) : 0;
-  prep_kernel<<<1, PREP_THREADS, 0, s>>>(a);
   return (int)cudaGetLastError();
 }

@@ -1,5 +1,7 @@
 /* planbench.c: `fattn-bench plan`. Host time of fattn_plan (median of many runs) at batch
- * sizes 1, 64 and 256 for DECODE and TARGET_VERIFY, on the GPU if present, else the CPU backend. */
+ * sizes 1, 64 and 256 for DECODE and TARGET_VERIFY, on the GPU if present, else the CPU backend;
+ * on the GPU also plan and plan + graph launch with the device idle before each call. */
+#include <cuda_runtime_api.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,31 +12,58 @@ static int cmp_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-/* Median microseconds of one fattn_plan for bs requests of mode. */
-static double time_plan(fattn_ctx *ctx, fattn_mode mode, uint32_t bs, uint32_t *ids, uint32_t draft) {
-  enum { RUNS = 2001 };
+typedef enum how { BACK_TO_BACK, PLAN_IDLE, GRAPH_IDLE } how;
+
+/* What the captured decode graphs run: every layer's store and attention. */
+typedef struct graph_io {
+  fattn_ctx *ctx;
+  uint32_t layers;
+  void *q, *k, *v, *out;
+} graph_io;
+
+static void layer_loop(void *user, void *stream) {
+  graph_io *g = user;
+  for (uint32_t l = 0; l < g->layers; l++) {
+    fattn_store_kv(g->ctx, l, g->k, g->v, stream);
+    fattn_attend(g->ctx, l, g->q, g->out, NULL, stream);
+  }
+}
+
+/* Median microseconds of one call for bs requests of mode: fattn_plan back to back (the GPU
+ * may fall a ring behind: the staging waits are counted into *waits), or fattn_plan /
+ * fattn_graph_launch with the stream drained before each call (outside the timing). */
+static double time_plan(fattn_ctx *ctx, fattn_mode mode, uint32_t bs, uint32_t *ids, uint32_t draft, how w,
+                        void *stream, uint64_t *waits) {
+  enum { RUNS = 2001, IDLE_RUNS = 201 };
   static double t[RUNS];
+  const int runs = w == BACK_TO_BACK ? RUNS : IDLE_RUNS;
   fattn_batch b = FATTN_BATCH_INIT;
   b.mode = mode;
   b.num_seqs = bs;
   b.seq_ids = ids;
-  for (int r = 0; r < RUNS; r++) {
+  fattn_stats st0 = FATTN_STATS_INIT, st1 = FATTN_STATS_INIT;
+  fattn_get_stats(ctx, &st0);
+  for (int r = 0; r < runs; r++) {
     for (uint32_t i = 0; i < bs; i++) { /* each step grows every sequence like real decoding */
       uint32_t len;
       fattn_seq_length(ctx, ids[i], &len);
       fattn_seq_truncate(ctx, ids[i], len - (mode == FATTN_MODE_TARGET_VERIFY ? draft : 1));
       fattn_seq_reserve(ctx, ids[i], len);
     }
+    if (w != BACK_TO_BACK) cudaStreamSynchronize((cudaStream_t)stream);
     double t0 = fattn_bench_now();
-    fattn_status st = fattn_plan(ctx, &b, NULL);
+    fattn_status st = w == GRAPH_IDLE ? fattn_graph_launch(ctx, &b, stream) : fattn_plan(ctx, &b, stream);
     t[r] = fattn_bench_now() - t0;
     if (st) {
-      fprintf(stderr, "fattn_plan: %s\n", fattn_detail(ctx));
+      fprintf(stderr, "%s: %s\n", w == GRAPH_IDLE ? "fattn_graph_launch" : "fattn_plan", fattn_detail(ctx));
       exit(1);
     }
   }
-  qsort(t, RUNS, sizeof t[0], cmp_double);
-  return t[RUNS / 2] * 1e6;
+  if (w != BACK_TO_BACK) cudaStreamSynchronize((cudaStream_t)stream);
+  fattn_get_stats(ctx, &st1);
+  *waits = st1.staging_waits - st0.staging_waits;
+  qsort(t, runs, sizeof t[0], cmp_double);
+  return t[runs / 2] * 1e6;
 }
 
 int fattn_bench_plan(int argc, char **argv) {
@@ -49,6 +78,7 @@ int fattn_bench_plan(int argc, char **argv) {
   cfg.spec_topk = 4;
   cfg.spec_steps = 5;
   cfg.spec_draft_tokens = 8;
+  if (gpu) cfg.graph_modes = 1u << FATTN_MODE_DECODE;
   char detail[256];
   fattn_ctx *ctx;
   if (fattn_create(&cfg, &model, &ctx, detail, sizeof detail)) {
@@ -62,13 +92,40 @@ int fattn_bench_plan(int argc, char **argv) {
   }
   printf("fattn_plan host time, Llama-3.1-8B heads, %u layers (%s backend), median of 2001\n", model.num_layers,
          gpu ? "GPU" : "CPU");
-  printf("%-14s %6s %10s\n", "mode", "bs", "us");
+  printf("%-14s %6s %10s %8s\n", "mode", "bs", "us", "waits");
   const fattn_mode modes[2] = {FATTN_MODE_DECODE, FATTN_MODE_TARGET_VERIFY};
   const uint32_t sizes[3] = {1, 64, 256};
+  uint64_t waits;
   for (int m = 0; m < 2; m++)
-    for (int s = 0; s < 3; s++)
-      printf("%-14s %6u %10.2f\n", m ? "TARGET_VERIFY" : "DECODE", sizes[s],
-             time_plan(ctx, modes[m], sizes[s], ids, cfg.spec_draft_tokens));
+    for (int s = 0; s < 3; s++) {
+      double us = time_plan(ctx, modes[m], sizes[s], ids, cfg.spec_draft_tokens, BACK_TO_BACK, NULL, &waits);
+      printf("%-14s %6u %10.2f %8llu\n", m ? "TARGET_VERIFY" : "DECODE", sizes[s], us, (unsigned long long)waits);
+    }
+  if (gpu) {
+    graph_io g = {ctx, model.num_layers, NULL, NULL, NULL, NULL};
+    const size_t q_bytes = 256ull * model.num_q_heads * model.head_dim * 2,
+                 kv_bytes = 256ull * model.num_kv_heads * model.head_dim * 2;
+    cudaStream_t stream;
+    if (cudaMalloc(&g.q, q_bytes) || cudaMalloc(&g.out, q_bytes) || cudaMalloc(&g.k, kv_bytes) ||
+        cudaMalloc(&g.v, kv_bytes) || cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)) {
+      fprintf(stderr, "graph buffers: %s\n", cudaGetErrorString(cudaGetLastError()));
+      return 1;
+    }
+    cudaMemset(g.q, 0, q_bytes), cudaMemset(g.k, 0, kv_bytes), cudaMemset(g.v, 0, kv_bytes);
+    printf("\nDECODE, device idle before each call (stream drained outside the timing), median of 201\n");
+    printf("%6s %12s %18s\n", "bs", "plan us", "plan+launch us");
+    for (int s = 0; s < 3; s++) {
+      if (fattn_graph_capture(ctx, FATTN_MODE_DECODE, sizes[s], layer_loop, &g)) {
+        fprintf(stderr, "fattn_graph_capture: %s\n", fattn_detail(ctx));
+        return 1;
+      }
+      double plan = time_plan(ctx, FATTN_MODE_DECODE, sizes[s], ids, 0, PLAN_IDLE, stream, &waits);
+      double launch = time_plan(ctx, FATTN_MODE_DECODE, sizes[s], ids, 0, GRAPH_IDLE, stream, &waits);
+      printf("%6u %12.2f %18.2f\n", sizes[s], plan, launch);
+    }
+    cudaStreamDestroy(stream);
+    cudaFree(g.q), cudaFree(g.out), cudaFree(g.k), cudaFree(g.v);
+  }
   fattn_destroy(ctx, 1);
   return 0;
 }

@@ -94,8 +94,6 @@ static fattn_status open_device(const fattn__norm *n, uint32_t *num_sms, char *d
 static void release(fattn_ctx *ctx) {
   int gpu = !ctx->n.on_cpu;
   fattn__graphs_close(ctx);
-  for (uint32_t i = 0; ctx->events && i < ctx->n.staging_slots; i++)
-    if (ctx->events[i]) cudaEventDestroy((cudaEvent_t)ctx->events[i]);
   fattn__heap_close(ctx->heap);
   if (gpu) cudaFree(ctx->dev);
   else free(ctx->dev);
@@ -111,7 +109,7 @@ static fattn_status take_memory(const fattn__norm *n, const fattn__layout *lay,
   void *slab = NULL;
   if (n->on_cpu) {
     if (posix_memalign(&slab, 4096, r->pinned_bytes) != 0) slab = NULL;
-  } else if (cudaHostAlloc(&slab, r->pinned_bytes, cudaHostAllocDefault) != cudaSuccess) {
+  } else if (cudaHostAlloc(&slab, r->pinned_bytes, cudaHostAllocMapped) != cudaSuccess) {
     cudaGetLastError();
     slab = NULL;
   }
@@ -123,6 +121,15 @@ static fattn_status take_memory(const fattn__norm *n, const fattn__layout *lay,
   ctx->lay = *lay;
   ctx->report = *r;
   ctx->device = n->on_cpu ? -1 : n->cfg.device;
+  ctx->pinned_dev = ctx->pinned;
+  void *slab_dev = NULL; /* the prep kernel reads staging slots in place through this mapping */
+  if (!n->on_cpu && cudaHostGetDevicePointer(&slab_dev, slab, 0) != cudaSuccess) {
+    cudaGetLastError();
+    release(ctx);
+    return FAIL(FATTN_ERR_UNSUPPORTED, "device %d: cannot map the pinned slab (zero-copy staging needs it)",
+                n->cfg.device);
+  }
+  if (slab_dev) ctx->pinned_dev = (uint8_t *)slab_dev;
   void *dev = NULL;
   if (n->on_cpu) {
     if (posix_memalign(&dev, FATTN__ALIGN, r->device_bytes ? r->device_bytes : FATTN__ALIGN) != 0) dev = NULL;
@@ -150,8 +157,9 @@ static fattn_status copy_model(fattn_ctx *ctx, const fattn_model *model, char *d
                                size_t detail_len) {
   uint32_t L = ctx->n.model.num_layers, H = ctx->n.model.num_q_heads;
   ctx->layers = fattn__heap_alloc(ctx->heap, (size_t)L * sizeof(fattn_layer_opts));
-  ctx->events = fattn__heap_alloc(ctx->heap, ctx->n.staging_slots * sizeof(void *));
-  if (!ctx->layers || !ctx->events) return FAIL(FATTN_ERR_NOMEM, "host tables in the pinned slab");
+  ctx->done = fattn__heap_alloc(ctx->heap, ctx->n.staging_slots * sizeof(uint64_t));
+  if (!ctx->layers || !ctx->done) return FAIL(FATTN_ERR_NOMEM, "host tables in the pinned slab");
+  memset(ctx->done, 0, ctx->n.staging_slots * sizeof(uint64_t));
   const fattn_layer_opts dflt = FATTN_LAYER_OPTS_INIT;
   ctx->model_has_sinks = model->sinks != NULL;
   for (uint32_t i = 0; i < L; i++) ctx->layers[i] = model->layers ? model->layers[i] : dflt;
@@ -167,12 +175,6 @@ static fattn_status copy_model(fattn_ctx *ctx, const fattn_model *model, char *d
                                   cudaMemcpyHostToDevice) != cudaSuccess) ||
       cudaMemset(table, 0xff, table_bytes) != cudaSuccess)
     return FAIL(FATTN_ERR_CUDA, "initialising the device tables: %s", cudaGetErrorString(cudaGetLastError()));
-  for (uint32_t i = 0; i < ctx->n.staging_slots; i++) {
-    cudaEvent_t ev;
-    if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess)
-      return FAIL(FATTN_ERR_CUDA, "staging event: %s", cudaGetErrorString(cudaGetLastError()));
-    ctx->events[i] = ev;
-  }
   return FATTN_OK;
 }
 

@@ -132,9 +132,12 @@ struct fattn_ctx {
   uint8_t *pinned; /* the one pinned slab (holds this struct) */
   fattn__heap *heap;
   fattn__pages pages;
-  /* staging ring */
+  /* staging ring: the prep kernel reads a slot in place (mapped pinned memory) and, after
+   * its last read, stores the slot's use number + 1 into the slot's completion word */
   uint8_t *ring;       /* [staging_slots][slot_bytes] pinned */
-  void **events;       /* [staging_slots] cudaEvent_t, NULL on CPU */
+  uint64_t *done;      /* [staging_slots] completion words, pinned, written by the GPU */
+  uint8_t *pinned_dev; /* the slab as the device addresses it */
+  uint64_t ring_taken; /* slots taken so far: use n goes to slot n % staging_slots */
   uint32_t ring_next;
   uint64_t staging_waits;
   uint64_t steps_planned;
@@ -177,6 +180,11 @@ static inline uint64_t fattn__area_entries_off(void) {
 }
 static inline uint64_t fattn__area_mask_off(uint32_t cap_entries) {
   return fattn__align_up(fattn__area_entries_off() + (uint64_t)cap_entries * sizeof(fattn__entry), 16);
+}
+
+/* A pinned-slab address as the device sees it. */
+static inline void *fattn__pinned_dev(const fattn_ctx *ctx, const void *host) {
+  return ctx->pinned_dev + ((const uint8_t *)host - ctx->pinned);
 }
 
 static inline uint32_t fattn__seqs_open(const fattn__pages *p) { return p->max_seqs - p->seq_free_top; }

@@ -5,6 +5,7 @@
 
 #include "attn/plan.h"
 #include "tests/support.h"
+#include "tests/support_gpu.h"
 
 static char detail[256];
 
@@ -218,6 +219,49 @@ START_TEST(copy_on_write_copies_every_layer) {
 }
 END_TEST
 
+/* The GPU held busy while the host plans two rings' worth of steps, each shipping new pages
+ * of its own sequence: the plan that wraps onto a slot the prep kernel has not read yet must
+ * wait (counted) instead of overwriting it, so every step's page-table changes reach the
+ * device; afterwards each completion word holds its slot's last use number + 1. */
+START_TEST(slot_reuse_waits_for_the_gpu) {
+  fattn_config c;
+  fattn_model m;
+  gpu_small(&c, &m);
+  fattn_ctx *ctx;
+  ck_assert_ok(fattn_create(&c, &m, &ctx, detail, sizeof detail));
+  cudaStream_t s;
+  ck_assert_int_eq(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  const uint32_t slots = c.staging_slots, plans = 2 * slots + 3;
+  uint32_t ids[64];
+  fattn_batch b = FATTN_BATCH_INIT;
+  b.num_seqs = 1;
+  for (int round = 0; round < 3; round++) {
+    fattn_stats before = FATTN_STATS_INIT, after = FATTN_STATS_INIT;
+    ck_assert_ok(fattn_get_stats(ctx, &before));
+    ck_assert_int_eq(fattn_test_gpu_hold(s, 50000), 0);
+    for (uint32_t k = 0; k < plans; k++) {
+      ck_assert_ok(fattn_seq_open(ctx, &ids[k]));
+      ck_assert_ok(fattn_seq_reserve(ctx, ids[k], 1 + (k * 37 + round * 11) % 300));
+      b.seq_ids = &ids[k];
+      ck_assert_msg(fattn_plan(ctx, &b, s) == FATTN_OK, "%s", fattn_detail(ctx));
+    }
+    ck_assert_int_eq(cudaStreamSynchronize(s), cudaSuccess);
+    ck_assert_ok(fattn_get_stats(ctx, &after));
+    ck_assert_uint_ge(after.staging_waits - before.staging_waits, 1);
+    for (uint32_t i = 0; i < slots; i++) {
+      uint64_t last = ctx->ring_taken - 1 - (ctx->ring_taken - 1 + slots - i) % slots;
+      ck_assert_uint_eq(ctx->done[i], last + 1);
+    }
+    b.seq_ids = &ids[plans - 1];
+    expect_prep_matches(ctx, &b, 1); /* one more plan; compares the whole page table */
+    for (uint32_t k = 0; k < plans; k++) ck_assert_ok(fattn_seq_close(ctx, ids[k]));
+  }
+  ck_assert_ok(fattn_check(ctx));
+  cudaStreamDestroy(s);
+  ck_assert_ok(fattn_destroy(ctx, 0));
+}
+END_TEST
+
 /* Sequence operations and plans on the device: no allocation, no synchronising call while
  * the staging ring has room. */
 START_TEST(plan_makes_no_forbidden_call_on_gpu) {
@@ -255,5 +299,5 @@ END_TEST
 
 FATTN_SUITE("gpu_arena", FATTN_TEST_GPU, create_takes_one_device_and_one_pinned_allocation,
             device_and_pinned_faults_fail_cleanly, prep_kernel_matches_host_plan, prep_kernel_many_entries_and_unsplit,
-            copy_on_write_copies_every_layer,
+            copy_on_write_copies_every_layer, slot_reuse_waits_for_the_gpu,
             plan_makes_no_forbidden_call_on_gpu)

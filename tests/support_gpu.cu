@@ -1,5 +1,5 @@
 /* support_gpu.cu: the GPU test helpers of tests/support_gpu.h: cuRAND Philox normal fills
- * in bf16 / fp16 / fp8 / float, and NaN poisoning (whole buffers or unused pool rows). */
+ * in bf16 / fp16 / fp8 / float, NaN poisoning (whole buffers or unused pool rows), a stream hold. */
 #include "tests/support_gpu.h"
 
 #include <cuda_bf16.h>
@@ -78,6 +78,20 @@ extern "C" int fattn_test_gpu_nan_rows(void *dev, const uint8_t *used_dev, size_
                                        uint32_t dtype) {
   if (rows * row_elems == 0) return 0;
   nan_rows_kernel<<<blocks_for(rows * row_elems), 256>>>(dev, used_dev, rows, row_elems, dtype);
+  return (int)cudaGetLastError();
+}
+
+__global__ static void hold_kernel(uint64_t ns) {
+  uint64_t t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+}
+
+extern "C" int fattn_test_gpu_hold(void *stream, uint32_t us) {
+  hold_kernel<<<1, 1, 0, (cudaStream_t)stream>>>((uint64_t)us * 1000u);
   return (int)cudaGetLastError();
 }
 

@@ -25,6 +25,10 @@ int fattn_test_gpu_nan(void *dev, size_t n, uint32_t dtype);
 int fattn_test_gpu_nan_rows(void *dev, const uint8_t *used_dev, size_t rows, size_t row_elems,
                             uint32_t dtype);
 
+/* Keeps stream busy for about us microseconds (one block spinning on the global timer), so
+ * that work queued behind it waits: back-pressure on demand. */
+int fattn_test_gpu_hold(void *stream, uint32_t us);
+
 /* Number of elements of x (host, dtype) that are NaN. */
 size_t fattn_test_count_nan(const void *x, size_t n, uint32_t dtype);
 
