@@ -160,14 +160,27 @@ int fattn_bench_decode(int argc, char **argv) {
 /* The FA3 paper's setup: 16k tokens a batch, hidden 2048, bf16, causal and non-causal. */
 /* The FA3 paper's setup: 16k tokens a batch, hidden 2048, bf16, causal and non-causal; then
  * the same d 128 x 8k shape over other page sizes, and extend (q 512 over an 8k prefix).
- * Options: --backend fa2|fa3 (default AUTO), --csv PATH. */
+ * Options: --backend fa2|fa3 (default AUTO), --csv PATH, --only D,SEQ (that shape alone,
+ * non-causal: for profilers). */
 int fattn_bench_prefill(int argc, char **argv) {
   const char *path = "build/prefill.csv";
+  unsigned only_d = 0, only_seq = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (strcmp(argv[i], "--backend") == 0 && strcmp(argv[i + 1], "fa2") == 0) prefill_backend = FATTN_BACKEND_FA2;
     else if (strcmp(argv[i], "--backend") == 0 && strcmp(argv[i + 1], "fa3") == 0) prefill_backend = FATTN_BACKEND_FA3;
     else if (strcmp(argv[i], "--csv") == 0) path = argv[i + 1];
-    else fail("fattn-bench prefill", "options: --backend fa2|fa3, --csv PATH");
+    else if (strcmp(argv[i], "--only") == 0 && sscanf(argv[i + 1], "%u,%u", &only_d, &only_seq) == 2) continue;
+    else fail("fattn-bench prefill", "options: --backend fa2|fa3, --csv PATH, --only D,SEQ");
+  }
+  if (only_d) {
+    kshape k = {FATTN_MODE_CROSS, 16384 / only_seq, only_seq, only_seq, 128, 2048 / only_d, 2048 / only_d, only_d,
+                FATTN_DTYPE_BF16};
+    FILE *csv = fopen(path, "w");
+    if (!csv) fail(path, "cannot write");
+    header();
+    run_shape(&k, csv);
+    fclose(csv);
+    return 0;
   }
   if (!fattn_bench_has_gpu()) fail("fattn-bench prefill", "needs a CUDA device");
   FILE *csv = fopen(path, "w");

@@ -65,6 +65,9 @@ __device__ __forceinline__ void fa3__tma3(void *dst, const CUtensorMap *map, int
 __device__ __forceinline__ void fa3__sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+__device__ __forceinline__ void fa3__arrive_bar(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 /* Ordinary (and cp.async) writes to shared memory made visible to wgmma and TMA readers. */
 __device__ __forceinline__ void fa3__fence_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
@@ -78,7 +81,7 @@ template <int N> __device__ __forceinline__ void fa3__mma_wait() {
 /* Keeps the compiler from moving accumulator registers across an asynchronous wgmma. */
 template <int N> __device__ __forceinline__ void fa3__pin(float *d) {
 #pragma unroll
-  for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+  for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i]));
 }
 
 /* Shared-memory operand in the 128-byte swizzle (rows of 128 bytes, 8-row groups 1024 bytes
@@ -205,11 +208,11 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
       size_t off = 0;
       if (ok) off = (((size_t)(((uint32_t)pt[j >> a.ps_shift] << a.ps_shift) + (j & psm)) * a.l.num_kv_heads + kvh) * HD) * 2u;
       const char *ks = (const char *)a.l.k_pool + off, *vs = (const char *)a.l.v_pool + off;
-#pragma unroll
+#pragma unroll 4
       for (int c = (int)(tid / BN); c < CH; c += 128 / BN)
         fa2__cp16(kd + (c / 8) * C::KV_SLAB + fa3__swz(r, c % 8), ks + c * 16, ok);
       fa3__arrive_cp(&full_k[s]);
-#pragma unroll
+#pragma unroll 4
       for (int c = (int)(tid / BN); c < CH; c += 128 / BN)
         fa2__cp16(vd + (c / 8) * C::KV_SLAB + fa3__swz(r, c % 8), vs + c * 16, ok);
       fa3__arrive_cp(&full_v[s]);
@@ -233,6 +236,7 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs
   const uint32_t num_tiles = a.s.hdr->num_tiles, causal = a.s.hdr->causal;
   const uint32_t work = a.s.hdr->num_entries ? num_tiles * l.num_q_heads : 0u;
   uint32_t it = 0;
+  if (c == 1) fa3__arrive_bar(4, 256); /* consumer 0 takes the first turn */
   for (uint32_t w = blockIdx.x; w < work; w += gridDim.x) {
     fa3__tile t;
     if (!fa3__tile_of<BN>(a, w, num_tiles, &t)) continue;
@@ -268,66 +272,122 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs
     SM sm;
     sm.init();
 
-    for (uint32_t blk = 0; blk < t.nblk; blk++, it++) {
-      const uint32_t s = it % ST, ph = (it / ST) & 1u, j0 = t.kb + blk * BN;
-      const char *kd = kv + s * C::STAGE, *vd = kd + C::K_BYTES;
-      const bool live = rows && j0 < mine.hi_any && j0 + BN > mine.lo_any;
-      float sc[BN / 2];
-      fa3__wait(&full_k[s], ph);
-      if (live) {
-        fa3__fence_async();
-        fa3__mma_fence();
+    /* Block blk: S_blk = Q K_blk is issued with O += P_{blk-1} V_{blk-1}, so the softmax of
+     * S_blk overlaps that P V; the two consumers take turns to issue (named barriers 4 and 5),
+     * so one's softmax runs under the other's GEMMs. */
+    float sc[BN / 2];
+    uint32_t p[BN / 16][4];
+    auto issue_s = [&](uint32_t blk) {
+      const uint32_t st = (it + blk) % ST;
+      const char *kd = kv + st * C::STAGE;
 #pragma unroll
-        for (int ks = 0; ks < HD / 16; ks++)
-          fa3__mma_ss<BN, T>(sc, fa3__desc(qs + (ks / 4) * 8192 + (ks % 4) * 32, 0u),
-                             fa3__desc(kd + (ks / 4) * C::KV_SLAB + (ks % 4) * 32, 0u), ks > 0);
-        fa3__mma_commit();
-        fa3__pin<BN / 2>(sc);
-        fa3__mma_wait<0>();
-        fa3__pin<BN / 2>(sc);
-        const bool full = j0 >= mine.lo_all && j0 + BN <= all_hi;
+      for (int ks = 0; ks < HD / 16; ks++)
+        fa3__mma_ss<BN, T>(sc, fa3__desc(qs + (ks / 4) * 8192 + (ks % 4) * 32, 0u),
+                           fa3__desc(kd + (ks / 4) * C::KV_SLAB + (ks % 4) * 32, 0u), ks > 0);
+      fa3__mma_commit();
+    };
+    auto issue_pv = [&](uint32_t blk) {
+      const uint32_t st = (it + blk) % ST;
+      const char *vd = kv + st * C::STAGE + C::K_BYTES;
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; kk++) fa3__mma_rs<HD, T>(o, p[kk], fa3__desc(vd + kk * 2048, C::KV_SLAB));
+      fa3__mma_commit();
+    };
+    /* Scores of block blk to log2 units, masked; then the policy's step. */
+    /* Scores of block blk to log2 units, masked; then the policy's step. The unrolled loops
+     * stay small and branch-free: the mask of a boundary block is worked out first, one bit a
+     * score, in a rolled loop (jumping over per-score mask code thrashed the I-cache). */
+    const float sl2 = a.sl2, softcap = l.softcap, cap_mul = a.cap_scale / l.softcap;
+    auto soft = [&](uint32_t blk, float *alpha) {
+      const uint32_t j0 = t.kb + blk * BN;
+      if (softcap > 0.f) {
+#pragma unroll
+        for (int i = 0; i < BN / 2; i++) sc[i] = softcap * tanhf(sc[i] * cap_mul) * FA2__LOG2E;
+      } else {
+#pragma unroll
+        for (int i = 0; i < BN / 2; i++) sc[i] *= sl2;
+      }
+      if (!(j0 >= mine.lo_all && j0 + BN <= all_hi)) {
+        uint32_t vis[2] = {0u, 0u}; /* bit n: column 8 (n / 2) + 2 c4 + n % 2 of the block */
+#pragma unroll 1
+        for (uint32_t n = 0; n < BN / 4; n++) {
+          const uint32_t j = j0 + 8u * (n >> 1) + 2u * c4 + (n & 1u);
+#pragma unroll
+          for (int h = 0; h < 2; h++)
+            if (j < t.ke && fa2__vis(l, (int)causal, t.tree, mrow[h], prefix, qpos[h], j)) vis[h] |= 1u << n;
+        }
 #pragma unroll
         for (int i = 0; i < BN / 8; i++) {
 #pragma unroll
-          for (int k = 0; k < 4; k++) {
-            float x = sc[4 * i + k];
-            if (l.softcap > 0.f) x = l.softcap * tanhf(x * a.cap_scale / l.softcap) * FA2__LOG2E;
-            else x *= a.sl2;
-            if (!full) {
-              const uint32_t j = j0 + 8u * i + 2u * c4 + (k & 1);
-              const int h = k >> 1;
-              if (!(j < t.ke && fa2__vis(l, (int)causal, t.tree, mrow[h], prefix, qpos[h], j))) x = -INFINITY;
-            }
-            sc[4 * i + k] = x;
-          }
+          for (int k = 0; k < 4; k++)
+            if (!((vis[k >> 1] >> (2 * i + (k & 1))) & 1u)) sc[4 * i + k] = -INFINITY;
         }
-        float alpha[2];
-        sm.step(sc, alpha);
+      }
+      sm.step(sc, alpha);
+    };
+    auto pack_p = [&]() {
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; kk++) {
+#pragma unroll
+        for (int r = 0; r < 4; r++) p[kk][r] = fa2__pack<T>(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
+      }
+    };
+    /* Waits stay out of the issue sequences: a spin loop between wgmma.fence and a wgmma is a
+     * divergent path after which ptxas serialises the wgmmas. */
+    auto ready = [&](uint64_t *bars, uint32_t blk) {
+      fa3__wait(&bars[(it + blk) % ST], ((it + blk) / ST) & 1u);
+      fa3__fence_async();
+    };
+    auto release = [&](uint32_t blk) {
+      if (lane == 0) fa3__arrive(&empty[(it + blk) % ST]);
+    };
+    if (t.nblk) {
+      float alpha[2];
+      ready(full_k, 0);
+      fa3__sync(4 + c, 256);
+      fa3__mma_fence();
+      issue_s(0);
+      fa3__arrive_bar(4 + (c ^ 1), 256);
+      fa3__pin<BN / 2>(sc);
+      fa3__mma_wait<0>();
+      fa3__pin<BN / 2>(sc);
+      soft(0, alpha);
+      pack_p();
+      for (uint32_t blk = 1; blk < t.nblk; blk++) {
+        ready(full_k, blk);
+        ready(full_v, blk - 1);
+        fa3__sync(4 + c, 256);
+        fa3__pin<HD / 2>(o);
+        fa3__mma_fence();
+        issue_s(blk);
+        issue_pv(blk - 1);
+        fa3__arrive_bar(4 + (c ^ 1), 256);
+        fa3__pin<BN / 2>(sc);
+        fa3__mma_wait<1>();
+        fa3__pin<BN / 2>(sc);
+        soft(blk, alpha);
+        fa3__pin<HD / 2>(o);
+        fa3__mma_wait<0>();
+        fa3__pin<HD / 2>(o);
+        release(blk - 1);
 #pragma unroll
         for (int i = 0; i < HD / 8; i++) {
           o[4 * i] *= alpha[0]; o[4 * i + 1] *= alpha[0];
           o[4 * i + 2] *= alpha[1]; o[4 * i + 3] *= alpha[1];
         }
+        pack_p();
       }
-      fa3__wait(&full_v[s], ph);
-      if (live) {
-        uint32_t p[BN / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) {
-#pragma unroll
-          for (int r = 0; r < 4; r++) p[kk][r] = fa2__pack<T>(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
-        }
-        fa3__fence_async();
-        fa3__pin<HD / 2>(o);
-        fa3__mma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) fa3__mma_rs<HD, T>(o, p[kk], fa3__desc(vd + kk * 2048, C::KV_SLAB));
-        fa3__mma_commit();
-        fa3__pin<HD / 2>(o);
-        fa3__mma_wait<0>();
-        fa3__pin<HD / 2>(o);
-      }
-      if (lane == 0) fa3__arrive(&empty[s]);
+      ready(full_v, t.nblk - 1);
+      fa3__sync(4 + c, 256);
+      fa3__pin<HD / 2>(o);
+      fa3__mma_fence();
+      issue_pv(t.nblk - 1);
+      fa3__arrive_bar(4 + (c ^ 1), 256);
+      fa3__pin<HD / 2>(o);
+      fa3__mma_wait<0>();
+      fa3__pin<HD / 2>(o);
+      release(t.nblk - 1);
+      it += t.nblk;
     }
     if (!rows) continue;
 
@@ -353,6 +413,7 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs
       if (a.lse && c4 == 0u) a.lse[row_o] = lse2 * FA2__LN2;
     }
   }
+  if (c == 0) fa3__sync(4, 256); /* consumer 1's last turn handed over */
 }
 
 template <int HD, int ST, typename T, typename SM>
@@ -375,10 +436,10 @@ __global__ void __launch_bounds__(384, 1)
   __syncthreads();
   const int wg = (int)(threadIdx.x / 128u);
   if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 64;\n");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     fa3__produce<HD, ST, T>(a, &tk, &tv, kv, full_k, full_v, empty);
   } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
     fa3__consume<HD, ST, T, SM>(a, wg - 1, qs + (wg - 1) * C::Q_WG, kv, full_k, full_v, empty);
   }
 }
