@@ -28,10 +28,13 @@ typedef struct fa2__args {
   uint32_t ps_shift; /* log2(page_size) */
 } fa2__args;
 
-/* Launchers per head-dim pair (attn/fa2/fa2_hd*.cu). kind 0: decode (GQA-packed, split-KV),
- * 1: prefill (query tile per q head). Return cudaError_t values. */
+/* Launchers per head-dim pair (attn/fa2/fa2_hd*.cu). kind 0: decode (GQA-packed, split-KV,
+ * 16-row tiles), 1: prefill (query tile per q head), 2: decode with 32-row tiles for entries
+ * of more than 16 packed rows (verify), so that a KV block feeds twice the rows; head dims
+ * above 128 run kind 2 as kind 0. Return cudaError_t values. */
 #define FA2__KIND_DECODE 0
 #define FA2__KIND_PREFILL 1
+#define FA2__KIND_WIDE 2
 int fa2__launch_hd64(const fa2__args *a, int kind, dim3 grid, cudaStream_t st);
 int fa2__launch_hd96(const fa2__args *a, int kind, dim3 grid, cudaStream_t st);
 int fa2__launch_hd128(const fa2__args *a, int kind, dim3 grid, cudaStream_t st);
@@ -131,10 +134,27 @@ __device__ __forceinline__ uint32_t fa2__find(const fattn__entry *e, uint32_t n,
   return lo;
 }
 
+/* Copies one block's rows (16-byte chunks, CH a row) for the slots in rsb: row r of the block
+ * lands at dst + r * DROW. The chunk index per thread is fixed at compile time, so a copy
+ * costs one shared load of its slot, one wide multiply-add and the cp.async. */
+template <int BN, int CH, int NT, int DROW>
+__device__ __forceinline__ void fa2__rows(char *dst, const char *src, size_t stride, const uint32_t *rsb, int tid) {
+#pragma unroll
+  for (int i = 0; i < (BN * CH + NT - 1) / NT; i++) {
+    const int ci = tid + i * NT, r = ci / CH, c = ci % CH;
+    if (BN * CH % NT == 0 || ci < BN * CH) {
+      const uint32_t sl = rsb[r];
+      const bool ok = sl != UINT32_MAX;
+      fa2__cp16(dst + r * DROW + c * 16, src + (ok ? (size_t)sl * stride : 0u) + c * 16, ok);
+    }
+  }
+}
+
 /* ---- the attention kernel. One CTA computes BM = 16 * MW query rows against a KV range.
- * Decode (MW 1, NW 4): rows are the q heads of one kv head times the entry's queries (GQA
- * packing), the range one split; the NW warps share the rows and split each KV block by
- * columns, merged at the end. Prefill (MW 4, NW 1): 64 queries of one q head, whole range.
+ * Decode (NW > 1; MW 1, or 2 for verify): rows are the q heads of one kv head times the
+ * entry's queries (GQA packing), the range one split; the NW column warps of each 16-row slab
+ * split each KV block by columns, merged at the end. Prefill (MW 4, NW 1): 64 queries of one
+ * q head, whole range.
  * K/V blocks of BN slots are gathered row by row from pages with cp.async, ST stages deep;
  * fp8 blocks land raw and are widened in shared memory before the mma.sync steps. */
 template <int HD, int HDV, int MW, int NW, int BN, int ST, typename TQ, int KVT>
@@ -217,28 +237,16 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
     if (blk >= nblk || j >= ke) return UINT32_MAX;
     return ((uint32_t)pt[j >> a.ps_shift] << a.ps_shift) + (j & psm);
   };
+  const size_t kst = (size_t)l.num_kv_heads * HD * C::KB, vst = (size_t)l.num_kv_heads * vstride * C::KB;
+  const char *ksrc = kpool + (size_t)kvh * HD * C::KB, *vsrc = vpool + (size_t)kvh * vstride * C::KB;
   auto load = [&](int blk) {
     if (blk < nblk) {
       const int buf = blk % ST;
       const uint32_t *rsb = rs + buf * BN;
       char *kd = C::CONV ? kv + buf * C::RAW_BYTES : kv + buf * C::TILE_BYTES;
       char *vd = C::CONV ? kd + BN * HD : kd + BN * C::LDQ * 2;
-#pragma unroll 4
-      for (int ci = tid; ci < BN * C::CK; ci += C::NT) {
-        int r = ci / C::CK, c = ci % C::CK;
-        uint32_t sl = rsb[r];
-        const char *src = kpool;
-        if (sl != UINT32_MAX) src += (((size_t)sl * l.num_kv_heads + kvh) * HD) * C::KB + c * 16;
-        fa2__cp16(kd + (C::CONV ? r * HD + c * 16 : (r * C::LDQ + c * 8) * 2), src, sl != UINT32_MAX);
-      }
-#pragma unroll 4
-      for (int ci = tid; ci < BN * C::CV; ci += C::NT) {
-        int r = ci / C::CV, c = ci % C::CV;
-        uint32_t sl = rsb[r];
-        const char *src = vpool;
-        if (sl != UINT32_MAX) src += (((size_t)sl * l.num_kv_heads + kvh) * vstride) * C::KB + c * 16;
-        fa2__cp16(vd + (C::CONV ? r * HDV + c * 16 : (r * C::LDV + c * 8) * 2), src, sl != UINT32_MAX);
-      }
+      fa2__rows<BN, C::CK, C::NT, C::CONV ? HD : C::LDQ * 2>(kd, ksrc, kst, rsb, tid);
+      fa2__rows<BN, C::CV, C::NT, C::CONV ? HDV : C::LDV * 2>(vd, vsrc, vst, rsb, tid);
     }
     fa2__commit();
   };
@@ -347,16 +355,21 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
         mx[k >> 1] = fmaxf(mx[k >> 1], x);
       }
     }
-    float ms[2];
+    float ms[2], al[2];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
       float mn = fmaxf(m[h], fa2__qmax(mx[h]));
       ms[h] = mn == -INFINITY ? 0.f : mn;
-      float al = exp2f(m[h] - ms[h]);
+      al[h] = exp2f(m[h] - ms[h]);
       m[h] = mn;
-      ls[h] *= al;
+      ls[h] *= al[h];
+    }
+    /* Once the running max settles, most blocks leave it unchanged: skip the rescale then. */
+    if (__any_sync(0xffffffffu, al[0] != 1.f || al[1] != 1.f)) {
 #pragma unroll
-      for (int i = 0; i < HDV / 8; i++) { o[i][2 * h] *= al; o[i][2 * h + 1] *= al; }
+      for (int i = 0; i < HDV / 8; i++) {
+        o[i][0] *= al[0]; o[i][1] *= al[0]; o[i][2] *= al[1]; o[i][3] *= al[1];
+      }
     }
 #pragma unroll
     for (int nt = 0; nt < C::WN / 8; nt++) {
@@ -440,22 +453,50 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
   __syncthreads();
 }
 
+/* Decode tile shape and residency, fixed at build time (benchmark variants override them).
+ * Two stages and three blocks an SM (registers capped at 168) rather than three stages and
+ * two: decode is bound by the latency of each block's dependent steps, so more warps per SM
+ * pay more than a deeper ring once a block takes longer than a DRAM round trip. The wide
+ * (32-row) decode tile splits 32-slot blocks over two column warps, four stages deep. */
+#ifndef FA2_DEC_NW
+#define FA2_DEC_NW 4
+#endif
+#ifndef FA2_DEC_BN
+#define FA2_DEC_BN 64
+#endif
+#ifndef FA2_DEC_ST
+#define FA2_DEC_ST 2
+#endif
+#ifndef FA2_DEC_MINB
+#define FA2_DEC_MINB 3
+#endif
+#ifndef FA2_WIDE_NW
+#define FA2_WIDE_NW 2
+#endif
+#ifndef FA2_WIDE_BN
+#define FA2_WIDE_BN 32
+#endif
+#ifndef FA2_WIDE_ST
+#define FA2_WIDE_ST 4
+#endif
+
 template <int HD, int HDV, int MW, int NW, int BN, int ST, typename T, int KVT>
-__global__ void __launch_bounds__(MW * NW * 32, 1) fa2__attn(const fa2__args a) {
+__global__ void __launch_bounds__(MW * NW * 32, MW == 1 && NW > 1 && HD <= 128 ? FA2_DEC_MINB : 1) fa2__attn(const fa2__args a) {
   extern __shared__ __align__(16) char smem[];
   const fattn__step_hdr *hdr = a.s.hdr;
   const uint32_t n = hdr->num_entries;
   const int causal = (int)hdr->causal;
   const uint32_t G = a.l.num_q_heads / a.l.num_kv_heads;
-  if constexpr (MW == 1) {
+  if constexpr (NW > 1) { /* decode kinds: GQA-packed row tiles of BM rows */
+    constexpr uint32_t BM = MW * 16;
     const uint32_t ei = blockIdx.x / a.l.num_kv_heads, kvh = blockIdx.x % a.l.num_kv_heads;
     if (ei >= n) return;
     const fattn__entry e = a.s.entries[ei];
     const bool tree = hdr->mode == 3u && e.mask_row != UINT32_MAX && a.s.mask;
-    const uint32_t ntile = (e.q_len * G + 15u) / 16u, nsp = e.num_splits > 1u ? e.num_splits : 1u;
+    const uint32_t ntile = (e.q_len * G + BM - 1u) / BM, nsp = e.num_splits > 1u ? e.num_splits : 1u;
     for (uint32_t rt = blockIdx.z; rt < ntile; rt += gridDim.z)
       for (uint32_t sp = blockIdx.y; sp < nsp; sp += gridDim.y)
-        fa2__work<HD, HDV, MW, NW, BN, ST, T, KVT>(a, e, causal, tree, kvh * G, G, rt * 16u, sp,
+        fa2__work<HD, HDV, MW, NW, BN, ST, T, KVT>(a, e, causal, tree, kvh * G, G, rt * BM, sp,
                                                    nsp > 1u, smem);
   } else {
     const uint32_t b = blockIdx.x;
@@ -481,19 +522,26 @@ static int fa2__go(const fa2__args *a, dim3 grid, cudaStream_t st) {
   return (int)cudaGetLastError();
 }
 
-/* The eight kernels of one head-dim pair: {decode, prefill} x {bf16, fp16} x {same, fp8}. */
+/* The kernels of one head-dim pair: {decode, prefill, and wide decode for head dims up to
+ * 128} x {bf16, fp16} x {same, fp8}. */
 template <int HD, int HDV>
 static int fa2__launch(const fa2__args *a, int kind, dim3 grid, cudaStream_t st) {
-#ifndef FA2_DEC_ST
-#define FA2_DEC_ST 3
-#endif
-  constexpr int DST = HD <= 128 ? FA2_DEC_ST : 2, PBN = HD <= 128 ? 64 : 32;
+  constexpr int DST = HD <= 128 ? FA2_DEC_ST : 2, PBN = HD <= 128 ? 64 : 32, DNW = FA2_DEC_NW, DBN = FA2_DEC_BN;
+  constexpr int WNW = FA2_WIDE_NW, WBN = FA2_WIDE_BN, WST = FA2_WIDE_ST;
   const bool bf = a->l.q_dtype == 1u, f8 = a->l.kv_dtype == 3u;
-  if (kind == FA2__KIND_DECODE) {
-    if (bf) return f8 ? fa2__go<HD, HDV, 1, 4, 64, DST, __nv_bfloat16, 3>(a, grid, st)
-                      : fa2__go<HD, HDV, 1, 4, 64, DST, __nv_bfloat16, 1>(a, grid, st);
-    return f8 ? fa2__go<HD, HDV, 1, 4, 64, DST, __half, 3>(a, grid, st)
-              : fa2__go<HD, HDV, 1, 4, 64, DST, __half, 2>(a, grid, st);
+  if constexpr (HD <= 128) {
+    if (kind == FA2__KIND_WIDE) {
+      if (bf) return f8 ? fa2__go<HD, HDV, 2, WNW, WBN, WST, __nv_bfloat16, 3>(a, grid, st)
+                        : fa2__go<HD, HDV, 2, WNW, WBN, WST, __nv_bfloat16, 1>(a, grid, st);
+      return f8 ? fa2__go<HD, HDV, 2, WNW, WBN, WST, __half, 3>(a, grid, st)
+                : fa2__go<HD, HDV, 2, WNW, WBN, WST, __half, 2>(a, grid, st);
+    }
+  }
+  if (kind != FA2__KIND_PREFILL) {
+    if (bf) return f8 ? fa2__go<HD, HDV, 1, DNW, DBN, DST, __nv_bfloat16, 3>(a, grid, st)
+                      : fa2__go<HD, HDV, 1, DNW, DBN, DST, __nv_bfloat16, 1>(a, grid, st);
+    return f8 ? fa2__go<HD, HDV, 1, DNW, DBN, DST, __half, 3>(a, grid, st)
+              : fa2__go<HD, HDV, 1, DNW, DBN, DST, __half, 2>(a, grid, st);
   }
   if (bf) return f8 ? fa2__go<HD, HDV, 4, 1, PBN, 2, __nv_bfloat16, 3>(a, grid, st)
                     : fa2__go<HD, HDV, 4, 1, PBN, 2, __nv_bfloat16, 1>(a, grid, st);
