@@ -156,11 +156,12 @@ __device__ __forceinline__ void fa2__rows(char *dst, const char *src, size_t str
  * split each KV block by columns, merged at the end. Prefill (MW 4, NW 1): 64 queries of one
  * q head, whole range.
  * K/V blocks of BN slots are gathered row by row from pages with cp.async, ST stages deep;
- * fp8 blocks land raw and are widened in shared memory before the mma.sync steps. */
+ * fp8 blocks land raw and are widened in registers after ldmatrix, so they move half the bytes. */
 template <int HD, int HDV, int MW, int NW, int BN, int ST, typename TQ, int KVT>
 struct fa2__cfg {
   /* mma type: Q's own, except fp8 KV, which widens exactly to fp16 (one cvt per pair on
-   * sm_89+); bf16 Q is then narrowed to fp16 in shared memory (exact for |q| in [2^-14, 65504]). */
+   * sm_89+) in registers right after ldmatrix; bf16 Q is then narrowed to fp16 as its
+   * fragments load (exact for |q| in [2^-14, 65504]). */
   using T = typename std::conditional<KVT == 3, __half, TQ>::type;
   static constexpr int NT = MW * NW * 32, BM = MW * 16, WN = BN / NW;
   static constexpr int LDQ = HD + 8, LDV = HDV + 8, LDO = HDV + 4;
@@ -170,12 +171,14 @@ struct fa2__cfg {
   static constexpr int Q_BYTES = BM * LDQ * 2;
   static constexpr int RS_BYTES = ST * BN * 4; /* pool row of each slot, per stage */
   static constexpr bool QREG = HD <= 128;      /* Q fragments held in registers */
-  static constexpr int TILE_BYTES = BN * (LDQ + LDV) * 2;
-  static constexpr int RAW_BYTES = BN * (HD + HDV);
-  static constexpr int KV_BYTES = CONV ? ST * RAW_BYTES + TILE_BYTES : ST * TILE_BYTES;
+  /* fp8 rows are padded by 16 bytes so that ldmatrix's eight rows hit distinct banks. */
+  static constexpr int LRK = HD + 16, LRV = HDV + 16;
+  static constexpr int TILE_BYTES = CONV ? BN * (LRK + LRV) : BN * (LDQ + LDV) * 2;
+  static constexpr int KV_BYTES = ST * TILE_BYTES;
   static constexpr int EPI_BYTES = NW * BM * (LDO + 2) * 4;
   static constexpr int SMEM = Q_BYTES + RS_BYTES + (KV_BYTES > EPI_BYTES ? KV_BYTES : EPI_BYTES);
   static_assert(WN % 16 == 0 && HD % 16 == 0 && HDV % 16 == 0 && BN <= NT, "tile shape");
+  static_assert(!CONV || (HD % 32 == 0 && HDV % 32 == 0), "fp8 fragments cover 32 dims");
 };
 
 template <int HD, int HDV, int MW, int NW, int BN, int ST, typename TQ, int KVT>
@@ -243,10 +246,10 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
     if (blk < nblk) {
       const int buf = blk % ST;
       const uint32_t *rsb = rs + buf * BN;
-      char *kd = C::CONV ? kv + buf * C::RAW_BYTES : kv + buf * C::TILE_BYTES;
-      char *vd = C::CONV ? kd + BN * HD : kd + BN * C::LDQ * 2;
-      fa2__rows<BN, C::CK, C::NT, C::CONV ? HD : C::LDQ * 2>(kd, ksrc, kst, rsb, tid);
-      fa2__rows<BN, C::CV, C::NT, C::CONV ? HDV : C::LDV * 2>(vd, vsrc, vst, rsb, tid);
+      char *kd = kv + buf * C::TILE_BYTES;
+      char *vd = kd + BN * (C::CONV ? C::LRK : C::LDQ * 2);
+      fa2__rows<BN, C::CK, C::NT, C::CONV ? C::LRK : C::LDQ * 2>(kd, ksrc, kst, rsb, tid);
+      fa2__rows<BN, C::CV, C::NT, C::CONV ? C::LRV : C::LDV * 2>(vd, vsrc, vst, rsb, tid);
     }
     fa2__commit();
   };
@@ -272,69 +275,85 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
 #pragma unroll
   for (int s = 0; s < ST - 1; s++) load(s);
   uint32_t qf[C::QREG ? HD / 16 : 1][4];
+  /* Q fragment of 16-dim step ks for this warp's rows. With fp8 KV the dims are permuted to
+   * match the raw-byte K fragments (a thread holds dims 4c..4c+3), and bf16 Q narrows to fp16. */
+  auto qfrag = [&](uint32_t *A, int ks) {
+    if constexpr (C::CONV) {
+      const TQ *q0 = (const TQ *)smem + (wm * 16 + g) * C::LDQ + ks * 16 + 4 * c4;
+      const TQ *src[4] = {q0, q0 + 8 * C::LDQ, q0 + 2, q0 + 8 * C::LDQ + 2};
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        uint32_t w = *(const uint32_t *)src[k];
+        if constexpr (std::is_same<TQ, __half>::value) {
+          A[k] = w;
+        } else {
+          __nv_bfloat162 b = *(__nv_bfloat162 *)&w;
+          A[k] = fa2__pack<__half>(__low2float(b), __high2float(b));
+        }
+      }
+    } else {
+      fa2__ldm4(A, Qs + (wm * 16 + (lane & 15)) * C::LDQ + ks * 16 + (lane >> 4) * 8);
+    }
+  };
 
   for (int blk = 0; blk < nblk; blk++) {
     fa2__wait<ST - 2>();
     __syncthreads();
     load(blk + ST - 1);
     const uint32_t ahead = tid < BN ? slot_of(blk + ST, tid) : 0u; /* stored after the math */
-    const T *Kt, *Vt;
-    if constexpr (C::CONV) {
-      const uint8_t *rk = (const uint8_t *)(kv + (blk % ST) * C::RAW_BYTES);
-      T *tk = (T *)(kv + ST * C::RAW_BYTES), *tv = tk + BN * C::LDQ;
-      if (!std::is_same<T, TQ>::value && blk == 0) { /* bf16 Q to fp16, in place */
-        for (int ci = tid; ci < C::BM * HD / 2; ci += C::NT) {
-          uint32_t *w = (uint32_t *)(Qs + (ci / (HD / 2)) * C::LDQ) + ci % (HD / 2);
-          __nv_bfloat162 b = *(__nv_bfloat162 *)w;
-          *w = fa2__pack<__half>(__low2float(b), __high2float(b));
-        }
-      }
-      for (int ci = tid; ci < BN * (HD + HDV) / 16; ci += C::NT) {
-        bool isk = ci < BN * HD / 16;
-        int cj = isk ? ci : ci - BN * HD / 16, w = isk ? HD / 16 : HDV / 16;
-        int r = cj / w, c = cj % w;
-        uint4 raw = *(const uint4 *)(rk + (isk ? 0 : BN * HD) + (r * (isk ? HD : HDV) + c * 16));
-        uint32_t wv[4] = {raw.x, raw.y, raw.z, raw.w}, outw[8];
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-          outw[2 * k] = fa2__e4m3x2<T>((uint16_t)(wv[k] & 0xffffu));
-          outw[2 * k + 1] = fa2__e4m3x2<T>((uint16_t)(wv[k] >> 16));
-        }
-        T *d = (isk ? tk + r * C::LDQ : tv + r * C::LDV) + c * 16;
-        ((uint4 *)d)[0] = make_uint4(outw[0], outw[1], outw[2], outw[3]);
-        ((uint4 *)d)[1] = make_uint4(outw[4], outw[5], outw[6], outw[7]);
-      }
-      __syncthreads();
-      Kt = tk; Vt = tv;
-    } else {
-      Kt = (const T *)(kv + (blk % ST) * C::TILE_BYTES);
-      Vt = Kt + BN * C::LDQ;
-    }
+    const char *Kt = kv + (blk % ST) * C::TILE_BYTES;
+    const char *Vt = Kt + BN * (C::CONV ? C::LRK : C::LDQ * 2);
     const uint32_t j0 = kb + blk * BN;
     if constexpr (C::QREG) {
       if (blk == 0) {
 #pragma unroll
-        for (int ks = 0; ks < HD / 16; ks++)
-          fa2__ldm4(qf[ks], Qs + (wm * 16 + (lane & 15)) * C::LDQ + ks * 16 + (lane >> 4) * 8);
+        for (int ks = 0; ks < HD / 16; ks++) qfrag(qf[ks], ks);
       }
     }
 
     float sc[C::WN / 8][4];
 #pragma unroll
     for (int i = 0; i < C::WN / 8; i++) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.f;
+    if constexpr (C::CONV) {
+      /* One ldmatrix of raw bytes holds two 16-dim steps of two 8-slot tiles: a thread gets dims
+       * 4c..4c+3, which qfrag's permuted Q fragments match. */
 #pragma unroll
-    for (int ks = 0; ks < HD / 16; ks++) {
-      uint32_t Aq[4];
-      const uint32_t *A = Aq;
-      if constexpr (C::QREG) A = qf[ks];
-      else fa2__ldm4(Aq, Qs + (wm * 16 + (lane & 15)) * C::LDQ + ks * 16 + (lane >> 4) * 8);
+      for (int k2 = 0; k2 < HD / 32; k2++) {
+        uint32_t Aq[2][4];
+        const uint32_t *A0 = Aq[0], *A1 = Aq[1];
+        if constexpr (C::QREG) { A0 = qf[2 * k2]; A1 = qf[2 * k2 + 1]; }
+        else { qfrag(Aq[0], 2 * k2); qfrag(Aq[1], 2 * k2 + 1); }
 #pragma unroll
-      for (int np = 0; np < C::WN / 16; np++) {
-        uint32_t B[4];
-        fa2__ldm4(B, Kt + (wn * C::WN + np * 16 + (lane & 7) + (lane >> 4) * 8) * C::LDQ + ks * 16 +
-                         ((lane >> 3) & 1) * 8);
-        fa2__mma<T>(sc[2 * np], A, B);
-        fa2__mma<T>(sc[2 * np + 1], A, B + 2);
+        for (int np = 0; np < C::WN / 16; np++) {
+          uint32_t R[4], B[4][2];
+          fa2__ldm4(R, Kt + (wn * C::WN + np * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * C::LRK +
+                           (2 * k2 + (lane >> 4)) * 16);
+#pragma unroll
+          for (int q = 0; q < 4; q++) {
+            B[q][0] = fa2__e4m3x2<T>((uint16_t)(R[q] & 0xffffu));
+            B[q][1] = fa2__e4m3x2<T>((uint16_t)(R[q] >> 16));
+          }
+          fa2__mma<T>(sc[2 * np], A0, B[0]);
+          fa2__mma<T>(sc[2 * np + 1], A0, B[1]);
+          fa2__mma<T>(sc[2 * np], A1, B[2]);
+          fa2__mma<T>(sc[2 * np + 1], A1, B[3]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int ks = 0; ks < HD / 16; ks++) {
+        uint32_t Aq[4];
+        const uint32_t *A = Aq;
+        if constexpr (C::QREG) A = qf[ks];
+        else qfrag(Aq, ks);
+#pragma unroll
+        for (int np = 0; np < C::WN / 16; np++) {
+          uint32_t B[4];
+          fa2__ldm4(B, (const T *)Kt + (wn * C::WN + np * 16 + (lane & 7) + (lane >> 4) * 8) * C::LDQ + ks * 16 +
+                           ((lane >> 3) & 1) * 8);
+          fa2__mma<T>(sc[2 * np], A, B);
+          fa2__mma<T>(sc[2 * np + 1], A, B + 2);
+        }
       }
     }
     const bool full = j0 >= lo_f && j0 + BN <= hif;
@@ -385,13 +404,36 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
       uint32_t A[4] = {fa2__pack<T>(sc[2 * kk][0], sc[2 * kk][1]), fa2__pack<T>(sc[2 * kk][2], sc[2 * kk][3]),
                        fa2__pack<T>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
                        fa2__pack<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+      if constexpr (C::CONV) {
+        /* A transposed ldmatrix of raw bytes gives each thread slots 2c, 2c+1 of dims 2g, 2g+1;
+         * byte permutes split them into an even-dim and an odd-dim fragment, so o[4 * dq + t]
+         * holds dims 32 dq + 16 (t >> 1) + 2 n + (t & 1) (the epilogue undoes the order). */
 #pragma unroll
-      for (int dp = 0; dp < HDV / 16; dp++) {
-        uint32_t B[4];
-        fa2__ldm4t(B, Vt + (wn * C::WN + kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * C::LDV +
-                          dp * 16 + (lane >> 4) * 8);
-        fa2__mma<T>(o[2 * dp], A, B);
-        fa2__mma<T>(o[2 * dp + 1], A, B + 2);
+        for (int dq = 0; dq < HDV / 32; dq++) {
+          uint32_t R[4];
+          fa2__ldm4t(R, Vt + (wn * C::WN + kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * C::LRV + dq * 32 +
+                            (lane >> 4) * 16);
+#pragma unroll
+          for (int hh = 0; hh < 2; hh++) {
+            uint32_t Be[2], Bo[2];
+#pragma unroll
+            for (int q = 0; q < 2; q++) {
+              Be[q] = fa2__e4m3x2<T>((uint16_t)__byte_perm(R[2 * hh + q], 0u, 0x0020u));
+              Bo[q] = fa2__e4m3x2<T>((uint16_t)__byte_perm(R[2 * hh + q], 0u, 0x0031u));
+            }
+            fa2__mma<T>(o[4 * dq + 2 * hh], A, Be);
+            fa2__mma<T>(o[4 * dq + 2 * hh + 1], A, Bo);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int dp = 0; dp < HDV / 16; dp++) {
+          uint32_t B[4];
+          fa2__ldm4t(B, (const T *)Vt + (wn * C::WN + kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * C::LDV +
+                            dp * 16 + (lane >> 4) * 8);
+          fa2__mma<T>(o[2 * dp], A, B);
+          fa2__mma<T>(o[2 * dp + 1], A, B + 2);
+        }
       }
     }
     if (tid < BN) rs[((blk + ST) % ST) * BN + tid] = ahead;
@@ -406,9 +448,16 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
     int row = wm * 16 + g + h * 8;
     float lt = fa2__qsum(ls[h]);
     if (c4 == 0) { em[wn * C::BM + row] = m[h]; el[wn * C::BM + row] = lt; }
-    float *d = eo + (wn * C::BM + row) * C::LDO + 2 * c4;
+    float *d = eo + (wn * C::BM + row) * C::LDO;
+    if constexpr (C::CONV) {
 #pragma unroll
-    for (int i = 0; i < HDV / 8; i++) *(float2 *)(d + i * 8) = make_float2(o[i][2 * h], o[i][2 * h + 1]);
+      for (int i = 0; i < HDV / 16; i++)
+        *(float4 *)(d + i * 16 + 4 * c4) = make_float4(o[2 * i][2 * h], o[2 * i + 1][2 * h], o[2 * i][2 * h + 1],
+                                                       o[2 * i + 1][2 * h + 1]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < HDV / 8; i++) *(float2 *)(d + i * 8 + 2 * c4) = make_float2(o[i][2 * h], o[i][2 * h + 1]);
+    }
   }
   __syncthreads();
   for (int ci = tid; ci < C::BM * (HDV / 4); ci += C::NT) {
