@@ -20,8 +20,16 @@
 #define FATTN__SPLIT_ALIGN 128u
 /* Split rows available per allowed split (workspace size = max_splits * this). */
 #define FATTN__SPLIT_ROWS_PER_SPLIT 64u
-/* A split-KV entry gets at most one split per this many KV slots. */
-#define FATTN__SPLIT_MIN_KV 256u
+/* A split-KV entry gets at most one split per this many KV slots. Overridable at build time
+ * (host and CUDA flags alike) so that benchmark variants can compare policies. */
+#ifndef FATTN__SPLIT_MIN_KV
+#define FATTN__SPLIT_MIN_KV 128u
+#endif
+/* Decode blocks the split policy aims for per SM (target_ctas = this * SMs): several waves of
+ * the 2-3 resident blocks an SM, so that the last wave's idle share stays small. */
+#ifndef FATTN__CTAS_PER_SM
+#define FATTN__CTAS_PER_SM 8u
+#endif
 
 /* One entry of a step. The host fills seq..mask_row; fattn__prep fills the rest. */
 typedef struct fattn__entry {

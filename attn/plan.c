@@ -232,7 +232,7 @@ static void fill_header(fattn_ctx *ctx, fattn__step_hdr *h, fattn_mode mode) {
   h->mode = (uint32_t)mode;
   h->max_splits = ctx->n.max_splits;
   h->split_rows_cap = ctx->lay.split_rows_cap;
-  h->target_ctas = 2u * ctx->num_sms;
+  h->target_ctas = FATTN__CTAS_PER_SM * ctx->num_sms;
   h->num_kv_heads = ctx->n.model.num_kv_heads;
   h->causal = mode != FATTN_MODE_CROSS;
 }

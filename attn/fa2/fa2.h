@@ -28,10 +28,13 @@ typedef struct fa2__args {
   uint32_t ps_shift; /* log2(page_size) */
 } fa2__args;
 
-/* Launchers per head-dim pair (attn/fa2/fa2_hd*.cu). kind 0: decode (GQA-packed, split-KV),
- * 1: prefill (query tile per q head). Return cudaError_t values. */
+/* Launchers per head-dim pair (attn/fa2/fa2_hd*.cu). kind 0: decode (GQA-packed, split-KV,
+ * 16-row tiles), 1: prefill (query tile per q head), 2: decode with 32-row tiles for entries
+ * of more than 16 packed rows (verify), so that a KV block feeds twice the rows; head dims
+ * above 128 run kind 2 as kind 0. Return cudaError_t values. */
 #define FA2__KIND_DECODE 0
 #define FA2__KIND_PREFILL 1
+#define FA2__KIND_WIDE 2
 int fa2__launch_hd64(const fa2__args *a, int kind, dim3 grid, cudaStream_t st);
 int fa2__launch_hd96(const fa2__args *a, int kind, dim3 grid, cudaStream_t st);
 int fa2__launch_hd128(const fa2__args *a, int kind, dim3 grid, cudaStream_t st);
@@ -131,16 +134,34 @@ __device__ __forceinline__ uint32_t fa2__find(const fattn__entry *e, uint32_t n,
   return lo;
 }
 
+/* Copies one block's rows (16-byte chunks, CH a row) for the slots in rsb: row r of the block
+ * lands at dst + r * DROW. The chunk index per thread is fixed at compile time, so a copy
+ * costs one shared load of its slot, one wide multiply-add and the cp.async. */
+template <int BN, int CH, int NT, int DROW>
+__device__ __forceinline__ void fa2__rows(char *dst, const char *src, size_t stride, const uint32_t *rsb, int tid) {
+#pragma unroll
+  for (int i = 0; i < (BN * CH + NT - 1) / NT; i++) {
+    const int ci = tid + i * NT, r = ci / CH, c = ci % CH;
+    if (BN * CH % NT == 0 || ci < BN * CH) {
+      const uint32_t sl = rsb[r];
+      const bool ok = sl != UINT32_MAX;
+      fa2__cp16(dst + r * DROW + c * 16, src + (ok ? (size_t)sl * stride : 0u) + c * 16, ok);
+    }
+  }
+}
+
 /* ---- the attention kernel. One CTA computes BM = 16 * MW query rows against a KV range.
- * Decode (MW 1, NW 4): rows are the q heads of one kv head times the entry's queries (GQA
- * packing), the range one split; the NW warps share the rows and split each KV block by
- * columns, merged at the end. Prefill (MW 4, NW 1): 64 queries of one q head, whole range.
+ * Decode (NW > 1; MW 1, or 2 for verify): rows are the q heads of one kv head times the
+ * entry's queries (GQA packing), the range one split; the NW column warps of each 16-row slab
+ * split each KV block by columns, merged at the end. Prefill (MW 4, NW 1): 64 queries of one
+ * q head, whole range.
  * K/V blocks of BN slots are gathered row by row from pages with cp.async, ST stages deep;
- * fp8 blocks land raw and are widened in shared memory before the mma.sync steps. */
+ * fp8 blocks land raw and are widened in registers after ldmatrix, so they move half the bytes. */
 template <int HD, int HDV, int MW, int NW, int BN, int ST, typename TQ, int KVT>
 struct fa2__cfg {
   /* mma type: Q's own, except fp8 KV, which widens exactly to fp16 (one cvt per pair on
-   * sm_89+); bf16 Q is then narrowed to fp16 in shared memory (exact for |q| in [2^-14, 65504]). */
+   * sm_89+) in registers right after ldmatrix; bf16 Q is then narrowed to fp16 as its
+   * fragments load (exact for |q| in [2^-14, 65504]). */
   using T = typename std::conditional<KVT == 3, __half, TQ>::type;
   static constexpr int NT = MW * NW * 32, BM = MW * 16, WN = BN / NW;
   static constexpr int LDQ = HD + 8, LDV = HDV + 8, LDO = HDV + 4;
@@ -150,12 +171,14 @@ struct fa2__cfg {
   static constexpr int Q_BYTES = BM * LDQ * 2;
   static constexpr int RS_BYTES = ST * BN * 4; /* pool row of each slot, per stage */
   static constexpr bool QREG = HD <= 128;      /* Q fragments held in registers */
-  static constexpr int TILE_BYTES = BN * (LDQ + LDV) * 2;
-  static constexpr int RAW_BYTES = BN * (HD + HDV);
-  static constexpr int KV_BYTES = CONV ? ST * RAW_BYTES + TILE_BYTES : ST * TILE_BYTES;
+  /* fp8 rows are padded by 16 bytes so that ldmatrix's eight rows hit distinct banks. */
+  static constexpr int LRK = HD + 16, LRV = HDV + 16;
+  static constexpr int TILE_BYTES = CONV ? BN * (LRK + LRV) : BN * (LDQ + LDV) * 2;
+  static constexpr int KV_BYTES = ST * TILE_BYTES;
   static constexpr int EPI_BYTES = NW * BM * (LDO + 2) * 4;
   static constexpr int SMEM = Q_BYTES + RS_BYTES + (KV_BYTES > EPI_BYTES ? KV_BYTES : EPI_BYTES);
   static_assert(WN % 16 == 0 && HD % 16 == 0 && HDV % 16 == 0 && BN <= NT, "tile shape");
+  static_assert(!CONV || (HD % 32 == 0 && HDV % 32 == 0), "fp8 fragments cover 32 dims");
 };
 
 template <int HD, int HDV, int MW, int NW, int BN, int ST, typename TQ, int KVT>
@@ -217,28 +240,16 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
     if (blk >= nblk || j >= ke) return UINT32_MAX;
     return ((uint32_t)pt[j >> a.ps_shift] << a.ps_shift) + (j & psm);
   };
+  const size_t kst = (size_t)l.num_kv_heads * HD * C::KB, vst = (size_t)l.num_kv_heads * vstride * C::KB;
+  const char *ksrc = kpool + (size_t)kvh * HD * C::KB, *vsrc = vpool + (size_t)kvh * vstride * C::KB;
   auto load = [&](int blk) {
     if (blk < nblk) {
       const int buf = blk % ST;
       const uint32_t *rsb = rs + buf * BN;
-      char *kd = C::CONV ? kv + buf * C::RAW_BYTES : kv + buf * C::TILE_BYTES;
-      char *vd = C::CONV ? kd + BN * HD : kd + BN * C::LDQ * 2;
-#pragma unroll 4
-      for (int ci = tid; ci < BN * C::CK; ci += C::NT) {
-        int r = ci / C::CK, c = ci % C::CK;
-        uint32_t sl = rsb[r];
-        const char *src = kpool;
-        if (sl != UINT32_MAX) src += (((size_t)sl * l.num_kv_heads + kvh) * HD) * C::KB + c * 16;
-        fa2__cp16(kd + (C::CONV ? r * HD + c * 16 : (r * C::LDQ + c * 8) * 2), src, sl != UINT32_MAX);
-      }
-#pragma unroll 4
-      for (int ci = tid; ci < BN * C::CV; ci += C::NT) {
-        int r = ci / C::CV, c = ci % C::CV;
-        uint32_t sl = rsb[r];
-        const char *src = vpool;
-        if (sl != UINT32_MAX) src += (((size_t)sl * l.num_kv_heads + kvh) * vstride) * C::KB + c * 16;
-        fa2__cp16(vd + (C::CONV ? r * HDV + c * 16 : (r * C::LDV + c * 8) * 2), src, sl != UINT32_MAX);
-      }
+      char *kd = kv + buf * C::TILE_BYTES;
+      char *vd = kd + BN * (C::CONV ? C::LRK : C::LDQ * 2);
+      fa2__rows<BN, C::CK, C::NT, C::CONV ? C::LRK : C::LDQ * 2>(kd, ksrc, kst, rsb, tid);
+      fa2__rows<BN, C::CV, C::NT, C::CONV ? C::LRV : C::LDV * 2>(vd, vsrc, vst, rsb, tid);
     }
     fa2__commit();
   };
@@ -264,69 +275,85 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
 #pragma unroll
   for (int s = 0; s < ST - 1; s++) load(s);
   uint32_t qf[C::QREG ? HD / 16 : 1][4];
+  /* Q fragment of 16-dim step ks for this warp's rows. With fp8 KV the dims are permuted to
+   * match the raw-byte K fragments (a thread holds dims 4c..4c+3), and bf16 Q narrows to fp16. */
+  auto qfrag = [&](uint32_t *A, int ks) {
+    if constexpr (C::CONV) {
+      const TQ *q0 = (const TQ *)smem + (wm * 16 + g) * C::LDQ + ks * 16 + 4 * c4;
+      const TQ *src[4] = {q0, q0 + 8 * C::LDQ, q0 + 2, q0 + 8 * C::LDQ + 2};
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        uint32_t w = *(const uint32_t *)src[k];
+        if constexpr (std::is_same<TQ, __half>::value) {
+          A[k] = w;
+        } else {
+          __nv_bfloat162 b = *(__nv_bfloat162 *)&w;
+          A[k] = fa2__pack<__half>(__low2float(b), __high2float(b));
+        }
+      }
+    } else {
+      fa2__ldm4(A, Qs + (wm * 16 + (lane & 15)) * C::LDQ + ks * 16 + (lane >> 4) * 8);
+    }
+  };
 
   for (int blk = 0; blk < nblk; blk++) {
     fa2__wait<ST - 2>();
     __syncthreads();
     load(blk + ST - 1);
     const uint32_t ahead = tid < BN ? slot_of(blk + ST, tid) : 0u; /* stored after the math */
-    const T *Kt, *Vt;
-    if constexpr (C::CONV) {
-      const uint8_t *rk = (const uint8_t *)(kv + (blk % ST) * C::RAW_BYTES);
-      T *tk = (T *)(kv + ST * C::RAW_BYTES), *tv = tk + BN * C::LDQ;
-      if (!std::is_same<T, TQ>::value && blk == 0) { /* bf16 Q to fp16, in place */
-        for (int ci = tid; ci < C::BM * HD / 2; ci += C::NT) {
-          uint32_t *w = (uint32_t *)(Qs + (ci / (HD / 2)) * C::LDQ) + ci % (HD / 2);
-          __nv_bfloat162 b = *(__nv_bfloat162 *)w;
-          *w = fa2__pack<__half>(__low2float(b), __high2float(b));
-        }
-      }
-      for (int ci = tid; ci < BN * (HD + HDV) / 16; ci += C::NT) {
-        bool isk = ci < BN * HD / 16;
-        int cj = isk ? ci : ci - BN * HD / 16, w = isk ? HD / 16 : HDV / 16;
-        int r = cj / w, c = cj % w;
-        uint4 raw = *(const uint4 *)(rk + (isk ? 0 : BN * HD) + (r * (isk ? HD : HDV) + c * 16));
-        uint32_t wv[4] = {raw.x, raw.y, raw.z, raw.w}, outw[8];
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-          outw[2 * k] = fa2__e4m3x2<T>((uint16_t)(wv[k] & 0xffffu));
-          outw[2 * k + 1] = fa2__e4m3x2<T>((uint16_t)(wv[k] >> 16));
-        }
-        T *d = (isk ? tk + r * C::LDQ : tv + r * C::LDV) + c * 16;
-        ((uint4 *)d)[0] = make_uint4(outw[0], outw[1], outw[2], outw[3]);
-        ((uint4 *)d)[1] = make_uint4(outw[4], outw[5], outw[6], outw[7]);
-      }
-      __syncthreads();
-      Kt = tk; Vt = tv;
-    } else {
-      Kt = (const T *)(kv + (blk % ST) * C::TILE_BYTES);
-      Vt = Kt + BN * C::LDQ;
-    }
+    const char *Kt = kv + (blk % ST) * C::TILE_BYTES;
+    const char *Vt = Kt + BN * (C::CONV ? C::LRK : C::LDQ * 2);
     const uint32_t j0 = kb + blk * BN;
     if constexpr (C::QREG) {
       if (blk == 0) {
 #pragma unroll
-        for (int ks = 0; ks < HD / 16; ks++)
-          fa2__ldm4(qf[ks], Qs + (wm * 16 + (lane & 15)) * C::LDQ + ks * 16 + (lane >> 4) * 8);
+        for (int ks = 0; ks < HD / 16; ks++) qfrag(qf[ks], ks);
       }
     }
 
     float sc[C::WN / 8][4];
 #pragma unroll
     for (int i = 0; i < C::WN / 8; i++) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.f;
+    if constexpr (C::CONV) {
+      /* One ldmatrix of raw bytes holds two 16-dim steps of two 8-slot tiles: a thread gets dims
+       * 4c..4c+3, which qfrag's permuted Q fragments match. */
 #pragma unroll
-    for (int ks = 0; ks < HD / 16; ks++) {
-      uint32_t Aq[4];
-      const uint32_t *A = Aq;
-      if constexpr (C::QREG) A = qf[ks];
-      else fa2__ldm4(Aq, Qs + (wm * 16 + (lane & 15)) * C::LDQ + ks * 16 + (lane >> 4) * 8);
+      for (int k2 = 0; k2 < HD / 32; k2++) {
+        uint32_t Aq[2][4];
+        const uint32_t *A0 = Aq[0], *A1 = Aq[1];
+        if constexpr (C::QREG) { A0 = qf[2 * k2]; A1 = qf[2 * k2 + 1]; }
+        else { qfrag(Aq[0], 2 * k2); qfrag(Aq[1], 2 * k2 + 1); }
 #pragma unroll
-      for (int np = 0; np < C::WN / 16; np++) {
-        uint32_t B[4];
-        fa2__ldm4(B, Kt + (wn * C::WN + np * 16 + (lane & 7) + (lane >> 4) * 8) * C::LDQ + ks * 16 +
-                         ((lane >> 3) & 1) * 8);
-        fa2__mma<T>(sc[2 * np], A, B);
-        fa2__mma<T>(sc[2 * np + 1], A, B + 2);
+        for (int np = 0; np < C::WN / 16; np++) {
+          uint32_t R[4], B[4][2];
+          fa2__ldm4(R, Kt + (wn * C::WN + np * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * C::LRK +
+                           (2 * k2 + (lane >> 4)) * 16);
+#pragma unroll
+          for (int q = 0; q < 4; q++) {
+            B[q][0] = fa2__e4m3x2<T>((uint16_t)(R[q] & 0xffffu));
+            B[q][1] = fa2__e4m3x2<T>((uint16_t)(R[q] >> 16));
+          }
+          fa2__mma<T>(sc[2 * np], A0, B[0]);
+          fa2__mma<T>(sc[2 * np + 1], A0, B[1]);
+          fa2__mma<T>(sc[2 * np], A1, B[2]);
+          fa2__mma<T>(sc[2 * np + 1], A1, B[3]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int ks = 0; ks < HD / 16; ks++) {
+        uint32_t Aq[4];
+        const uint32_t *A = Aq;
+        if constexpr (C::QREG) A = qf[ks];
+        else qfrag(Aq, ks);
+#pragma unroll
+        for (int np = 0; np < C::WN / 16; np++) {
+          uint32_t B[4];
+          fa2__ldm4(B, (const T *)Kt + (wn * C::WN + np * 16 + (lane & 7) + (lane >> 4) * 8) * C::LDQ + ks * 16 +
+                           ((lane >> 3) & 1) * 8);
+          fa2__mma<T>(sc[2 * np], A, B);
+          fa2__mma<T>(sc[2 * np + 1], A, B + 2);
+        }
       }
     }
     const bool full = j0 >= lo_f && j0 + BN <= hif;
@@ -347,16 +374,21 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
         mx[k >> 1] = fmaxf(mx[k >> 1], x);
       }
     }
-    float ms[2];
+    float ms[2], al[2];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
       float mn = fmaxf(m[h], fa2__qmax(mx[h]));
       ms[h] = mn == -INFINITY ? 0.f : mn;
-      float al = exp2f(m[h] - ms[h]);
+      al[h] = exp2f(m[h] - ms[h]);
       m[h] = mn;
-      ls[h] *= al;
+      ls[h] *= al[h];
+    }
+    /* Once the running max settles, most blocks leave it unchanged: skip the rescale then. */
+    if (__any_sync(0xffffffffu, al[0] != 1.f || al[1] != 1.f)) {
 #pragma unroll
-      for (int i = 0; i < HDV / 8; i++) { o[i][2 * h] *= al; o[i][2 * h + 1] *= al; }
+      for (int i = 0; i < HDV / 8; i++) {
+        o[i][0] *= al[0]; o[i][1] *= al[0]; o[i][2] *= al[1]; o[i][3] *= al[1];
+      }
     }
 #pragma unroll
     for (int nt = 0; nt < C::WN / 8; nt++) {
@@ -372,13 +404,36 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
       uint32_t A[4] = {fa2__pack<T>(sc[2 * kk][0], sc[2 * kk][1]), fa2__pack<T>(sc[2 * kk][2], sc[2 * kk][3]),
                        fa2__pack<T>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
                        fa2__pack<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+      if constexpr (C::CONV) {
+        /* A transposed ldmatrix of raw bytes gives each thread slots 2c, 2c+1 of dims 2g, 2g+1;
+         * byte permutes split them into an even-dim and an odd-dim fragment, so o[4 * dq + t]
+         * holds dims 32 dq + 16 (t >> 1) + 2 n + (t & 1) (the epilogue undoes the order). */
 #pragma unroll
-      for (int dp = 0; dp < HDV / 16; dp++) {
-        uint32_t B[4];
-        fa2__ldm4t(B, Vt + (wn * C::WN + kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * C::LDV +
-                          dp * 16 + (lane >> 4) * 8);
-        fa2__mma<T>(o[2 * dp], A, B);
-        fa2__mma<T>(o[2 * dp + 1], A, B + 2);
+        for (int dq = 0; dq < HDV / 32; dq++) {
+          uint32_t R[4];
+          fa2__ldm4t(R, Vt + (wn * C::WN + kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * C::LRV + dq * 32 +
+                            (lane >> 4) * 16);
+#pragma unroll
+          for (int hh = 0; hh < 2; hh++) {
+            uint32_t Be[2], Bo[2];
+#pragma unroll
+            for (int q = 0; q < 2; q++) {
+              Be[q] = fa2__e4m3x2<T>((uint16_t)__byte_perm(R[2 * hh + q], 0u, 0x0020u));
+              Bo[q] = fa2__e4m3x2<T>((uint16_t)__byte_perm(R[2 * hh + q], 0u, 0x0031u));
+            }
+            fa2__mma<T>(o[4 * dq + 2 * hh], A, Be);
+            fa2__mma<T>(o[4 * dq + 2 * hh + 1], A, Bo);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int dp = 0; dp < HDV / 16; dp++) {
+          uint32_t B[4];
+          fa2__ldm4t(B, (const T *)Vt + (wn * C::WN + kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * C::LDV +
+                            dp * 16 + (lane >> 4) * 8);
+          fa2__mma<T>(o[2 * dp], A, B);
+          fa2__mma<T>(o[2 * dp + 1], A, B + 2);
+        }
       }
     }
     if (tid < BN) rs[((blk + ST) % ST) * BN + tid] = ahead;
@@ -393,9 +448,16 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
     int row = wm * 16 + g + h * 8;
     float lt = fa2__qsum(ls[h]);
     if (c4 == 0) { em[wn * C::BM + row] = m[h]; el[wn * C::BM + row] = lt; }
-    float *d = eo + (wn * C::BM + row) * C::LDO + 2 * c4;
+    float *d = eo + (wn * C::BM + row) * C::LDO;
+    if constexpr (C::CONV) {
 #pragma unroll
-    for (int i = 0; i < HDV / 8; i++) *(float2 *)(d + i * 8) = make_float2(o[i][2 * h], o[i][2 * h + 1]);
+      for (int i = 0; i < HDV / 16; i++)
+        *(float4 *)(d + i * 16 + 4 * c4) = make_float4(o[2 * i][2 * h], o[2 * i + 1][2 * h], o[2 * i][2 * h + 1],
+                                                       o[2 * i + 1][2 * h + 1]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < HDV / 8; i++) *(float2 *)(d + i * 8 + 2 * c4) = make_float2(o[i][2 * h], o[i][2 * h + 1]);
+    }
   }
   __syncthreads();
   for (int ci = tid; ci < C::BM * (HDV / 4); ci += C::NT) {
@@ -440,22 +502,50 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
   __syncthreads();
 }
 
+/* Decode tile shape and residency, fixed at build time (benchmark variants override them).
+ * Two stages and three blocks an SM (registers capped at 168) rather than three stages and
+ * two: decode is bound by the latency of each block's dependent steps, so more warps per SM
+ * pay more than a deeper ring once a block takes longer than a DRAM round trip. The wide
+ * (32-row) decode tile splits 32-slot blocks over two column warps, four stages deep. */
+#ifndef FA2_DEC_NW
+#define FA2_DEC_NW 4
+#endif
+#ifndef FA2_DEC_BN
+#define FA2_DEC_BN 64
+#endif
+#ifndef FA2_DEC_ST
+#define FA2_DEC_ST 2
+#endif
+#ifndef FA2_DEC_MINB
+#define FA2_DEC_MINB 3
+#endif
+#ifndef FA2_WIDE_NW
+#define FA2_WIDE_NW 2
+#endif
+#ifndef FA2_WIDE_BN
+#define FA2_WIDE_BN 32
+#endif
+#ifndef FA2_WIDE_ST
+#define FA2_WIDE_ST 4
+#endif
+
 template <int HD, int HDV, int MW, int NW, int BN, int ST, typename T, int KVT>
-__global__ void __launch_bounds__(MW * NW * 32, 1) fa2__attn(const fa2__args a) {
+__global__ void __launch_bounds__(MW * NW * 32, MW == 1 && NW > 1 && HD <= 128 ? FA2_DEC_MINB : 1) fa2__attn(const fa2__args a) {
   extern __shared__ __align__(16) char smem[];
   const fattn__step_hdr *hdr = a.s.hdr;
   const uint32_t n = hdr->num_entries;
   const int causal = (int)hdr->causal;
   const uint32_t G = a.l.num_q_heads / a.l.num_kv_heads;
-  if constexpr (MW == 1) {
+  if constexpr (NW > 1) { /* decode kinds: GQA-packed row tiles of BM rows */
+    constexpr uint32_t BM = MW * 16;
     const uint32_t ei = blockIdx.x / a.l.num_kv_heads, kvh = blockIdx.x % a.l.num_kv_heads;
     if (ei >= n) return;
     const fattn__entry e = a.s.entries[ei];
     const bool tree = hdr->mode == 3u && e.mask_row != UINT32_MAX && a.s.mask;
-    const uint32_t ntile = (e.q_len * G + 15u) / 16u, nsp = e.num_splits > 1u ? e.num_splits : 1u;
+    const uint32_t ntile = (e.q_len * G + BM - 1u) / BM, nsp = e.num_splits > 1u ? e.num_splits : 1u;
     for (uint32_t rt = blockIdx.z; rt < ntile; rt += gridDim.z)
       for (uint32_t sp = blockIdx.y; sp < nsp; sp += gridDim.y)
-        fa2__work<HD, HDV, MW, NW, BN, ST, T, KVT>(a, e, causal, tree, kvh * G, G, rt * 16u, sp,
+        fa2__work<HD, HDV, MW, NW, BN, ST, T, KVT>(a, e, causal, tree, kvh * G, G, rt * BM, sp,
                                                    nsp > 1u, smem);
   } else {
     const uint32_t b = blockIdx.x;
@@ -481,19 +571,26 @@ static int fa2__go(const fa2__args *a, dim3 grid, cudaStream_t st) {
   return (int)cudaGetLastError();
 }
 
-/* The eight kernels of one head-dim pair: {decode, prefill} x {bf16, fp16} x {same, fp8}. */
+/* The kernels of one head-dim pair: {decode, prefill, and wide decode for head dims up to
+ * 128} x {bf16, fp16} x {same, fp8}. */
 template <int HD, int HDV>
 static int fa2__launch(const fa2__args *a, int kind, dim3 grid, cudaStream_t st) {
-#ifndef FA2_DEC_ST
-#define FA2_DEC_ST 3
-#endif
-  constexpr int DST = HD <= 128 ? FA2_DEC_ST : 2, PBN = HD <= 128 ? 64 : 32;
+  constexpr int DST = HD <= 128 ? FA2_DEC_ST : 2, PBN = HD <= 128 ? 64 : 32, DNW = FA2_DEC_NW, DBN = FA2_DEC_BN;
+  constexpr int WNW = FA2_WIDE_NW, WBN = FA2_WIDE_BN, WST = FA2_WIDE_ST;
   const bool bf = a->l.q_dtype == 1u, f8 = a->l.kv_dtype == 3u;
-  if (kind == FA2__KIND_DECODE) {
-    if (bf) return f8 ? fa2__go<HD, HDV, 1, 4, 64, DST, __nv_bfloat16, 3>(a, grid, st)
-                      : fa2__go<HD, HDV, 1, 4, 64, DST, __nv_bfloat16, 1>(a, grid, st);
-    return f8 ? fa2__go<HD, HDV, 1, 4, 64, DST, __half, 3>(a, grid, st)
-              : fa2__go<HD, HDV, 1, 4, 64, DST, __half, 2>(a, grid, st);
+  if constexpr (HD <= 128) {
+    if (kind == FA2__KIND_WIDE) {
+      if (bf) return f8 ? fa2__go<HD, HDV, 2, WNW, WBN, WST, __nv_bfloat16, 3>(a, grid, st)
+                        : fa2__go<HD, HDV, 2, WNW, WBN, WST, __nv_bfloat16, 1>(a, grid, st);
+      return f8 ? fa2__go<HD, HDV, 2, WNW, WBN, WST, __half, 3>(a, grid, st)
+                : fa2__go<HD, HDV, 2, WNW, WBN, WST, __half, 2>(a, grid, st);
+    }
+  }
+  if (kind != FA2__KIND_PREFILL) {
+    if (bf) return f8 ? fa2__go<HD, HDV, 1, DNW, DBN, DST, __nv_bfloat16, 3>(a, grid, st)
+                      : fa2__go<HD, HDV, 1, DNW, DBN, DST, __nv_bfloat16, 1>(a, grid, st);
+    return f8 ? fa2__go<HD, HDV, 1, DNW, DBN, DST, __half, 3>(a, grid, st)
+              : fa2__go<HD, HDV, 1, DNW, DBN, DST, __half, 2>(a, grid, st);
   }
   if (bf) return f8 ? fa2__go<HD, HDV, 4, 1, PBN, 2, __nv_bfloat16, 3>(a, grid, st)
                     : fa2__go<HD, HDV, 4, 1, PBN, 2, __nv_bfloat16, 1>(a, grid, st);

@@ -91,16 +91,23 @@ extern "C" int fattn__fa2_attend(fattn__layer_params l, fattn__step_params s, co
   const uint32_t G = l.num_q_heads / l.num_kv_heads;
   const int decode = fattn__decode_kind(&l, &s);
   dim3 grid;
+  int wide = 0;
   if (decode) {
     uint32_t ctas = s.cap_entries * l.num_kv_heads;
     uint32_t qpe = (s.cap_q_tokens + s.cap_entries - 1u) / s.cap_entries;
-    grid = dim3(ctas, fa2__clamp((4u * (uint32_t)fa2__sm_count() + ctas - 1u) / ctas, 1u, 64u),
-                fa2__clamp((qpe * G + 15u) / 16u, 1u, 8u));
+    /* 32-row tiles change the column split and so the rounding; qpe is the same in a graph as
+     * in its eager step for every mode that gets here (DRAFT_EXTEND does not), so replay stays exact. */
+    wide = qpe * G > 16u && l.head_dim <= 128u;
+    const uint32_t rows_per_cta = wide ? 32u : 16u;
+    /* twice the policy's target: graph padding may leave fewer live entries than cap_entries */
+    const uint32_t want = 2u * FATTN__CTAS_PER_SM * (uint32_t)fa2__sm_count();
+    grid = dim3(ctas, fa2__clamp((want + ctas - 1u) / ctas, 1u, 64u),
+                fa2__clamp((qpe * G + rows_per_cta - 1u) / rows_per_cta, 1u, 8u));
   } else {
     if (s.cap_tiles == 0u) return (int)cudaSuccess;
     grid = dim3(s.cap_tiles, l.num_q_heads, 1u);
   }
-  const int kind = decode ? FA2__KIND_DECODE : FA2__KIND_PREFILL;
+  const int kind = !decode ? FA2__KIND_PREFILL : wide ? FA2__KIND_WIDE : FA2__KIND_DECODE;
   int err;
   switch (l.head_dim) {
     case 64u: err = fa2__launch_hd64(&a, kind, grid, st); break;
