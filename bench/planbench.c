@@ -1,11 +1,13 @@
 /* planbench.c: `fattn-bench plan`. Host time of fattn_plan (median of many runs) at batch
  * sizes 1, 64 and 256 for DECODE and TARGET_VERIFY, on the GPU if present, else the CPU backend;
- * on the GPU also plan and plan + graph launch with the device idle before each call. */
+ * on the GPU also plan and graph launch with the device idle, split into its two halves. */
 #include <cuda_runtime_api.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "bench/bench.h"
+#include "graph/graph.h"
+#include "lib/internal.h"
 
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
@@ -66,6 +68,80 @@ static double time_plan(fattn_ctx *ctx, fattn_mode mode, uint32_t bs, uint32_t *
   return t[runs / 2] * 1e6;
 }
 
+/* What the graph path does each call, each half timed on its own: the plan into the bucket's
+ * area and cudaGraphLaunch, with the staging slots taken and the waits for one. */
+typedef struct graph_times {
+  double plan_us, launch_us, slots, waits;
+} graph_times;
+
+typedef enum graph_how { GRAPH_FULL, GRAPH_LAUNCH_ONLY, GRAPH_SHORT_KV } graph_how;
+
+/* Medians over idle calls (stream drained outside the timing): GRAPH_FULL as fattn_graph_launch
+ * does it; GRAPH_LAUNCH_ONLY replays without a plan (the area keeps the last one); GRAPH_SHORT_KV
+ * attends 64 slots a sequence, so that the replay before each call is short. */
+static graph_times time_graph(fattn_ctx *ctx, uint32_t bs, uint32_t *ids, graph_how w, void *stream) {
+  enum { RUNS = 201 };
+  static double tp[RUNS], tl[RUNS];
+  static uint32_t short_kv[256];
+  fattn_batch b = FATTN_BATCH_INIT;
+  b.mode = FATTN_MODE_DECODE;
+  b.num_seqs = bs;
+  b.seq_ids = ids;
+  for (uint32_t i = 0; i < bs; i++) short_kv[i] = 64;
+  if (w == GRAPH_SHORT_KV) b.kv_lens = short_kv;
+  void *exec;
+  fattn__plan_target t;
+  if (fattn__graph_for(ctx, &b, &exec, &t)) {
+    fprintf(stderr, "graph: %s\n", fattn_detail(ctx));
+    exit(1);
+  }
+  const uint64_t taken0 = ctx->ring_taken, waits0 = ctx->staging_waits;
+  for (int r = 0; r < RUNS; r++) {
+    if (w != GRAPH_SHORT_KV)
+      for (uint32_t i = 0; i < bs; i++) {
+        uint32_t len;
+        fattn_seq_length(ctx, ids[i], &len);
+        fattn_seq_truncate(ctx, ids[i], len - 1);
+        fattn_seq_reserve(ctx, ids[i], len);
+      }
+    cudaStreamSynchronize((cudaStream_t)stream);
+    double t0 = fattn_bench_now();
+    fattn_status st = w == GRAPH_LAUNCH_ONLY ? FATTN_OK : fattn__plan_into(ctx, &b, stream, &t);
+    double t1 = fattn_bench_now();
+    cudaError_t e = cudaGraphLaunch((cudaGraphExec_t)exec, (cudaStream_t)stream);
+    double t2 = fattn_bench_now();
+    if (st || e != cudaSuccess) {
+      fprintf(stderr, "graph: %s %s\n", fattn_detail(ctx), cudaGetErrorString(e));
+      exit(1);
+    }
+    tp[r] = (t1 - t0) * 1e6, tl[r] = (t2 - t1) * 1e6;
+  }
+  cudaStreamSynchronize((cudaStream_t)stream);
+  qsort(tp, RUNS, sizeof tp[0], cmp_double);
+  qsort(tl, RUNS, sizeof tl[0], cmp_double);
+  return (graph_times){tp[RUNS / 2], tl[RUNS / 2], (double)(ctx->ring_taken - taken0) / RUNS,
+                       (double)(ctx->staging_waits - waits0) / RUNS};
+}
+
+/* GPU milliseconds of one replay of bs's decode graph (events around it). */
+static float replay_ms(fattn_ctx *ctx, uint32_t bs, uint32_t *ids, void *stream) {
+  fattn_batch b = FATTN_BATCH_INIT;
+  b.mode = FATTN_MODE_DECODE;
+  b.num_seqs = bs;
+  b.seq_ids = ids;
+  cudaEvent_t e0, e1;
+  float ms = -1.f;
+  cudaEventCreate(&e0), cudaEventCreate(&e1);
+  cudaEventRecord(e0, (cudaStream_t)stream);
+  if (fattn_graph_launch(ctx, &b, stream) == FATTN_OK) {
+    cudaEventRecord(e1, (cudaStream_t)stream);
+    cudaEventSynchronize(e1);
+    cudaEventElapsedTime(&ms, e0, e1);
+  }
+  cudaEventDestroy(e0), cudaEventDestroy(e1);
+  return ms;
+}
+
 int fattn_bench_plan(int argc, char **argv) {
   (void)argc, (void)argv;
   fattn_config cfg;
@@ -113,15 +189,22 @@ int fattn_bench_plan(int argc, char **argv) {
     }
     cudaMemset(g.q, 0, q_bytes), cudaMemset(g.k, 0, kv_bytes), cudaMemset(g.v, 0, kv_bytes);
     printf("\nDECODE, device idle before each call (stream drained outside the timing), median of 201\n");
-    printf("%6s %12s %18s\n", "bs", "plan us", "plan+launch us");
+    printf("graph = plan_into + cudaGraphLaunch timed apart; launch-only: no plan; short-kv: kv_len 64\n");
+    printf("%6s %9s %12s %10s %9s %6s %6s %11s %13s %10s\n", "bs", "plan_us", "plan+launch", "g_plan_us",
+           "launch_us", "slots", "waits", "launch_only", "short_kv_l_us", "replay_ms");
     for (int s = 0; s < 3; s++) {
       if (fattn_graph_capture(ctx, FATTN_MODE_DECODE, sizes[s], layer_loop, &g)) {
         fprintf(stderr, "fattn_graph_capture: %s\n", fattn_detail(ctx));
         return 1;
       }
       double plan = time_plan(ctx, FATTN_MODE_DECODE, sizes[s], ids, 0, PLAN_IDLE, stream, &waits);
-      double launch = time_plan(ctx, FATTN_MODE_DECODE, sizes[s], ids, 0, GRAPH_IDLE, stream, &waits);
-      printf("%6u %12.2f %18.2f\n", sizes[s], plan, launch);
+      double both = time_plan(ctx, FATTN_MODE_DECODE, sizes[s], ids, 0, GRAPH_IDLE, stream, &waits);
+      graph_times full = time_graph(ctx, sizes[s], ids, GRAPH_FULL, stream);
+      graph_times only = time_graph(ctx, sizes[s], ids, GRAPH_LAUNCH_ONLY, stream);
+      graph_times shrt = time_graph(ctx, sizes[s], ids, GRAPH_SHORT_KV, stream);
+      float ms = replay_ms(ctx, sizes[s], ids, stream);
+      printf("%6u %9.2f %12.2f %10.2f %9.2f %6.2f %6.2f %11.2f %13.2f %10.3f\n", sizes[s], plan, both, full.plan_us,
+             full.launch_us, full.slots, full.waits, only.launch_us, shrt.launch_us, (double)ms);
     }
     cudaStreamDestroy(stream);
     cudaFree(g.q), cudaFree(g.out), cudaFree(g.k), cudaFree(g.v);

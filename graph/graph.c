@@ -104,7 +104,7 @@ fattn_status fattn_graph_capture(fattn_ctx *ctx, fattn_mode mode, uint32_t batch
   return FATTN_OK;
 }
 
-fattn_status fattn_graph_launch(fattn_ctx *ctx, const fattn_batch *batch, void *stream) {
+fattn_status fattn__graph_for(fattn_ctx *ctx, const fattn_batch *batch, void **exec, fattn__plan_target *target) {
   if (!ctx) return FATTN_ERR_INVALID;
   if (!batch) return fattn__fail(ctx, FATTN_ERR_INVALID, "fattn_graph_launch: batch must not be NULL");
   fattn_status st = check_mode(ctx, batch->mode, "fattn_graph_launch");
@@ -117,10 +117,18 @@ fattn_status fattn_graph_launch(fattn_ctx *ctx, const fattn_batch *batch, void *
   if (!g->exec)
     return fattn__fail(ctx, FATTN_ERR_STATE, "fattn_graph_launch: no graph captured for mode %d bucket %u",
                        batch->mode, g->requests);
-  const fattn__plan_target t = {g->area, g->requests * entries_per_request(ctx, batch->mode),
-                                q_per_entry(ctx, batch->mode)};
-  if ((st = fattn__plan_into(ctx, batch, stream, &t))) return st;
-  cudaError_t e = cudaGraphLaunch((cudaGraphExec_t)g->exec, (cudaStream_t)stream);
+  *exec = g->exec;
+  *target = (fattn__plan_target){g->area, g->requests * entries_per_request(ctx, batch->mode),
+                                 q_per_entry(ctx, batch->mode)};
+  return FATTN_OK;
+}
+
+fattn_status fattn_graph_launch(fattn_ctx *ctx, const fattn_batch *batch, void *stream) {
+  void *exec;
+  fattn__plan_target t;
+  fattn_status st = fattn__graph_for(ctx, batch, &exec, &t);
+  if (st || (st = fattn__plan_into(ctx, batch, stream, &t))) return st;
+  cudaError_t e = cudaGraphLaunch((cudaGraphExec_t)exec, (cudaStream_t)stream);
   if (e != cudaSuccess) return fattn__fail(ctx, FATTN_ERR_CUDA, "fattn_graph_launch: %s", cudaGetErrorString(e));
   return FATTN_OK;
 }
