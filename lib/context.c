@@ -15,6 +15,17 @@ static int is_prefill_mode(uint32_t mode) {
          mode == FATTN_MODE_DRAFT_EXTEND || mode == FATTN_MODE_CROSS;
 }
 
+/* The fastest backend built for this device: fa3 for the query-tiled modes on sm_90 where its
+ * kernel covers the shape (it hands decode-like steps to fa2 itself), else fa2. */
+static fattn_backend auto_backend(uint32_t mode, const fattn__layer_params *l) {
+#ifdef FATTN_HAVE_SM90A
+  if (is_prefill_mode(mode) && fattn__fa3_available() && fattn__fa3_supports(l)) return FATTN_BACKEND_FA3;
+#else
+  (void)mode, (void)l;
+#endif
+  return FATTN_BACKEND_FA2;
+}
+
 /* AUTO picks the fastest backend built for the device; an explicit choice that cannot run
  * this model is an error now, never a wrong answer later. */
 static fattn_status choose_backends(fattn_ctx *ctx, char *detail, size_t detail_len) {
@@ -26,7 +37,7 @@ static fattn_status choose_backends(fattn_ctx *ctx, char *detail, size_t detail_
       ctx->backend[mode] = FATTN_BACKEND_CPU;
       continue;
     }
-    if (want == FATTN_BACKEND_AUTO) want = FATTN_BACKEND_FA2;
+    if (want == FATTN_BACKEND_AUTO) want = auto_backend(mode, &l);
     if (want == FATTN_BACKEND_FA4)
       return FAIL(FATTN_ERR_UNSUPPORTED, "%s FA4: not built into this version of fattn", which);
     if (want == FATTN_BACKEND_FA3) {
