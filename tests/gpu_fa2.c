@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "attn/backend.h"
@@ -420,8 +421,15 @@ static const char *mname(uint32_t m) {
 }
 
 /* Runs n cases of c (routes cycle), prints one line; returns the failures. */
+static double seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static int run_group(const cfg *c, int n, const char *tag) {
   stats st = {0, 0, 0.0};
+  const double t0 = seconds(); /* the suite must fit one GPU call: the line says where time goes */
   for (int i = 0; i < n; i++) {
     int ok = 0;
     double r = run_case(c, i % 3 == 2 ? 2 : (i % 3), &ok);
@@ -429,8 +437,8 @@ static int run_group(const cfg *c, int n, const char *tag) {
     st.ok += ok;
     if (r > st.worst || isnan(r)) st.worst = r;
   }
-  printf("%s d%u/%u %s/%s page%u gqa%u%s: %d/%d ok, worst err/tol %.2f\n", mname(c->mode), c->d, c->dv,
-         dname(c->qt), dname(c->kt), c->ps, c->qh / c->kvh, tag, st.ok, st.n, st.worst);
+  printf("%s d%u/%u %s/%s page%u gqa%u%s: %d/%d ok, worst err/tol %.2f (%.1f s)\n", mname(c->mode), c->d, c->dv,
+         dname(c->qt), dname(c->kt), c->ps, c->qh / c->kvh, tag, st.ok, st.n, st.worst, seconds() - t0);
   fflush(stdout);
   return st.n - st.ok;
 }
