@@ -36,6 +36,8 @@ typedef struct fa2__args {
 #define FA2__KIND_PREFILL 1
 #define FA2__KIND_WIDE 2
 int fa2__launch_hd64(const fa2__args *a, int kind, dim3 grid, cudaStream_t st);
+/* Multiprocessors of the current device (read once; fa3 sizes its persistent grid by it). */
+int fa2__sm_count(void);
 int fa2__launch_hd96(const fa2__args *a, int kind, dim3 grid, cudaStream_t st);
 int fa2__launch_hd128(const fa2__args *a, int kind, dim3 grid, cudaStream_t st);
 int fa2__launch_hd192(const fa2__args *a, int kind, dim3 grid, cudaStream_t st);
