@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
-# run.sh: runs test binaries one after another and sums their closing lines.
+# run.sh: runs test binaries side by side (their host references are the slow part, the GPU
+# is shared), then prints each one's output in the order given and sums their closing lines.
 # --require-gpu: a suite that skips for want of a device is a failure (make gpu-test).
 set -u
 require_gpu=0
 if [ "${1:-}" = "--require-gpu" ]; then require_gpu=1; shift; fi
-passed=0 failed=0 skipped=0 broken=0 skip_lines=()
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+i=0
 for t in "$@"; do
-  out=$("$t" 2>&1); rc=$?
+  ( s=$(date +%s); "$t" > "$logs/$i.out" 2>&1; echo "$? $(( $(date +%s) - s ))" > "$logs/$i.rc" ) &
+  i=$((i + 1))
+done
+wait
+passed=0 failed=0 skipped=0 broken=0 skip_lines=() i=0
+for t in "$@"; do
+  out=$(cat "$logs/$i.out"); read -r rc secs < "$logs/$i.rc"; i=$((i + 1))
   printf '%s\n' "$out" | grep -v '^[[:alnum:]_-]*: [0-9]* passed, [0-9]* failed$' | grep -v ' cases skipped (.*)$'
   line=$(printf '%s\n' "$out" | grep -E '^[[:alnum:]_-]+: [0-9]+ passed, [0-9]+ failed$' | tail -n 1)
   skip=$(printf '%s\n' "$out" | grep -E ' cases skipped \(.*\)$' | tail -n 1)
@@ -14,6 +23,7 @@ for t in "$@"; do
     n=$(printf '%s\n' "$skip" | sed -E 's/.*: ([0-9]+) cases skipped.*/\1/')
     skipped=$((skipped + n)); skip_lines+=("$(basename "$t")")
   elif [ -n "$line" ]; then
+    echo "$line ($secs s)"
     p=$(printf '%s\n' "$line" | sed -E 's/.*: ([0-9]+) passed.*/\1/')
     f=$(printf '%s\n' "$line" | sed -E 's/.* ([0-9]+) failed$/\1/')
     passed=$((passed + p)); failed=$((failed + f))
