@@ -129,6 +129,17 @@ template <int BN> struct fa3__softmax_exact {
   }
 };
 
+/* Bits n of a thread's BN / 4 columns j0 + 8 (n / 2) + 2 c4 + n % 2 that lie in [lo, hi). */
+template <int BN> __device__ __forceinline__ uint32_t fa3__run_bits(uint32_t lo, uint32_t hi, uint32_t j0, uint32_t c4) {
+  auto below = [&](uint32_t x) -> uint32_t { /* columns under slot x */
+    if (x <= j0 + 2u * c4) return 0u;
+    const uint32_t y = x - j0 - 2u * c4, n = 2u * (y / 8u) + min(y % 8u, 2u);
+    return min(n, (uint32_t)BN / 4u);
+  };
+  auto ones = [](uint32_t n) -> uint32_t { return n >= 32u ? ~0u : (1u << n) - 1u; };
+  return hi > lo ? ones(below(hi)) & ~ones(below(lo)) : 0u;
+}
+
 /* ---- shapes */
 
 template <int HD, int ST> struct fa3__cfg {
@@ -309,12 +320,23 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs
       }
       if (!(j0 >= mine.lo_all && j0 + BN <= all_hi)) {
         uint32_t vis[2] = {0u, 0u}; /* bit n: column 8 (n / 2) + 2 c4 + n % 2 of the block */
+        if (HD == 256 || t.tree) { /* d 256: no registers to spare for the run below */
 #pragma unroll 1
-        for (uint32_t n = 0; n < BN / 4; n++) {
-          const uint32_t j = j0 + 8u * (n >> 1) + 2u * c4 + (n & 1u);
+          for (uint32_t n = 0; n < BN / 4; n++) {
+            const uint32_t j = j0 + 8u * (n >> 1) + 2u * c4 + (n & 1u);
 #pragma unroll
-          for (int h = 0; h < 2; h++)
-            if (j < t.ke && fa2__vis(l, (int)causal, t.tree, mrow[h], prefix, qpos[h], j)) vis[h] |= 1u << n;
+            for (int h = 0; h < 2; h++)
+              if (j < t.ke && fa2__vis(l, (int)causal, t.tree, mrow[h], prefix, qpos[h], j)) vis[h] |= 1u << n;
+          }
+        } else {
+          /* Without a tree a row sees one range of slots, and a thread's columns rise with n,
+           * so its visible bits are one run: two counts instead of a loop. */
+#pragma unroll
+          for (int h = 0; h < 2; h++) {
+            const fattn__kv_range r = fattn__rows_range(&l, (int)causal, 0, t.e.q_len, t.e.kv_len,
+                                                        qpos[h] - prefix, qpos[h] - prefix);
+            vis[h] = fa3__run_bits<BN>(r.lo_any, min(r.hi_any, t.ke), j0, c4);
+          }
         }
 #pragma unroll
         for (int i = 0; i < BN / 8; i++) {
