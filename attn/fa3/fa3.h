@@ -16,7 +16,6 @@ typedef struct fa3__args {
   void *out;
   float *lse;
   float sl2;        /* scale * log2(e) */
-  float cap_scale;  /* scale, when softcap > 0 */
   uint32_t ps_shift; /* log2(page_size) */
   uint32_t use_tma; /* the maps are valid and every KV tile lies inside one page */
 } fa3__args;
@@ -308,7 +307,7 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs
     /* Scores of block blk to log2 units, masked; then the policy's step. The unrolled loops
      * stay small and branch-free: the mask of a boundary block is worked out first, one bit a
      * score, in a rolled loop (jumping over per-score mask code thrashed the I-cache). */
-    const float sl2 = a.sl2, softcap = l.softcap, cap_mul = a.cap_scale / l.softcap;
+    const float sl2 = a.sl2, softcap = l.softcap, cap_mul = l.scale / l.softcap;
     auto soft = [&](uint32_t blk, float *alpha) {
       const uint32_t j0 = t.kb + blk * BN;
       if (softcap > 0.f) {

@@ -73,7 +73,6 @@ extern "C" int fattn__fa3_attend(fattn__layer_params l, fattn__step_params s, co
   a.q = q;
   a.out = out;
   a.lse = lse;
-  a.cap_scale = l.scale;
   a.sl2 = l.scale * FA2__LOG2E;
   a.ps_shift = 0;
   while ((1u << a.ps_shift) < l.page_size) a.ps_shift++;
