@@ -157,11 +157,10 @@ int fattn_bench_decode(int argc, char **argv) {
   return 0;
 }
 
-/* The FA3 paper's setup: 16k tokens a batch, hidden 2048, bf16, causal and non-causal. */
 /* The FA3 paper's setup: 16k tokens a batch, hidden 2048, bf16, causal and non-causal; then
  * the same d 128 x 8k shape over other page sizes, and extend (q 512 over an 8k prefix).
- * Options: --backend fa2|fa3 (default AUTO), --csv PATH, --only D,SEQ (that shape alone,
- * non-causal: for profilers). */
+ * Options: --backend fa2|fa3 (default AUTO), --csv PATH, --only D,SEQ (that non-causal paper
+ * shape alone: for profilers). */
 int fattn_bench_prefill(int argc, char **argv) {
   const char *path = "build/prefill.csv";
   unsigned only_d = 0, only_seq = 0;
@@ -171,16 +170,6 @@ int fattn_bench_prefill(int argc, char **argv) {
     else if (strcmp(argv[i], "--csv") == 0) path = argv[i + 1];
     else if (strcmp(argv[i], "--only") == 0 && sscanf(argv[i + 1], "%u,%u", &only_d, &only_seq) == 2) continue;
     else fail("fattn-bench prefill", "options: --backend fa2|fa3, --csv PATH, --only D,SEQ");
-  }
-  if (only_d) {
-    kshape k = {FATTN_MODE_CROSS, 16384 / only_seq, only_seq, only_seq, 128, 2048 / only_d, 2048 / only_d, only_d,
-                FATTN_DTYPE_BF16};
-    FILE *csv = fopen(path, "w");
-    if (!csv) fail(path, "cannot write");
-    header();
-    run_shape(&k, csv);
-    fclose(csv);
-    return 0;
   }
   if (!fattn_bench_has_gpu()) fail("fattn-bench prefill", "needs a CUDA device");
   FILE *csv = fopen(path, "w");
@@ -192,18 +181,19 @@ int fattn_bench_prefill(int argc, char **argv) {
   for (int di = 0; di < 3; di++)
     for (int li = 0; li < 6; li++)
       for (int causal = 1; causal >= 0; causal--) {
+        if (only_d && (dims[di] != only_d || lens[li] != only_seq || causal)) continue;
         uint32_t len = lens[li], h = 2048 / dims[di];
         kshape k = {causal ? FATTN_MODE_PREFILL : FATTN_MODE_CROSS, 16384 / len, len, len, 128, h, h, dims[di],
                     FATTN_DTYPE_BF16};
         run_shape(&k, csv);
       }
   static const uint32_t pages[3] = {16, 64, 256};
-  for (int p = 0; p < 3; p++) {
+  for (int p = 0; p < 3 && !only_d; p++) {
     kshape k = {FATTN_MODE_CROSS, 2, 8192, 8192, pages[p], 16, 16, 128, FATTN_DTYPE_BF16};
     run_shape(&k, csv);
   }
   kshape ext = {FATTN_MODE_PREFILL, 8, 512, 8192 + 512, 128, 32, 8, 128, FATTN_DTYPE_BF16};
-  run_shape(&ext, csv);
+  if (!only_d) run_shape(&ext, csv);
   fclose(csv);
   printf("csv: %s\n", path);
   return 0;

@@ -50,18 +50,6 @@ extern "C" int fattn__fa3_encode_maps(const fattn__layer_params *l, void *maps) 
   return (int)cudaSuccess;
 }
 
-static int fa3__sm_count(void) {
-  static int sms; /* host attribute, read once */
-  if (!sms) {
-    int dev = 0, n = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0)
-      n = 132;
-    sms = n;
-  }
-  return sms;
-}
-
 extern "C" int fattn__fa3_attend(fattn__layer_params l, fattn__step_params s, const void *q, void *out,
                                  float *lse, void *stream) {
   if (!fattn__fa3_supports(&l) || !fattn__fa3_available() || fattn__decode_kind(&l, &s))
@@ -84,7 +72,7 @@ extern "C" int fattn__fa3_attend(fattn__layer_params l, fattn__step_params s, co
     maps = none;
   }
   const uint64_t work = (uint64_t)s.cap_tiles * l.num_q_heads;
-  const int grid = (int)(work < (uint64_t)fa3__sm_count() ? work : (uint64_t)fa3__sm_count());
+  const int grid = (int)(work < (uint64_t)fa2__sm_count() ? work : (uint64_t)fa2__sm_count());
   cudaStream_t st = (cudaStream_t)stream;
   switch (l.head_dim) {
     case 64u: return fa3__launch_hd64(&a, maps, grid, st);
