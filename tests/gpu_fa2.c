@@ -670,7 +670,7 @@ START_TEST(fa3_long) {
       {1, BF, BF, 128, 1, 0, 0, 0.f, " tma"},      {1, FP, FP, 16, 2, 300, 0, 0.f, " window"},
       {3, BF, BF, 64, 0, 0, 0, 0.f, " tma"},       {4, FP, FP, 16, 1, 0, 0, 4.f, " softcap"},
       {2, BF, F8, 128, 1, 0, 1, 0.f, " sinks"},    {5, FP, F8, 64, 2, 300, 0, 0.f, " window"},
-      {3, BF, F8, 16, 3, 0, 0, 0.f, ""}};
+      {3, BF, F8, 16, 1, 0, 0, 0.f, ""}};
   for (int k = 0; k < 7; k++) {
     cfg x = base_cfg(FATTN_MODE_PREFILL, DIMS[X[k].dim][0], DIMS[X[k].dim][1], X[k].qt, X[k].kt, X[k].ps,
                      GQA[X[k].gqa][0], GQA[X[k].gqa][1]);

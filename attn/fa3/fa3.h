@@ -19,7 +19,7 @@ typedef struct fa3__args {
   float cap_mul;    /* scale (times k_scale for fp8) / softcap, when softcap > 0 */
   float o_mul;      /* v_scale for fp8, else 1 */
   uint32_t ps_shift; /* log2(page_size) */
-  uint32_t use_tma; /* the maps are valid and every KV tile lies inside one page */
+  uint32_t use_tma; /* the maps are valid: a whole KV tile comes as one box a page and slab */
 } fa3__args;
 
 /* Launchers per padded head dim (attn/fa3/fa3_hd*.cu): 64, 128 (d 96 and 128), 192 (d_v 128
@@ -30,10 +30,13 @@ int fa3__launch_hd192(const fa3__args *a, const CUtensorMap *maps, int grid, cud
 int fa3__launch_hd256(const fa3__args *a, const CUtensorMap *maps, int grid, cudaStream_t st);
 
 /* A head dim rounded up to the 64-dim slabs of the shared-memory tiles (d 96 runs the
- * 128-dim kernel, its upper dims zero), and the KV tile (slots) every TMA box and every
- * page-size rule refers to. */
+ * 128-dim kernel, its upper dims zero), and the KV tile (slots). A TMA box is one page of a
+ * tile (at most the tile): pages of 8 slots or more, so that every box starts on a swizzle
+ * atom (8 rows of 128 bytes). */
 #define FA3__DK(hd) (((hd) + 63u) / 64u * 64u)
 #define FA3__BN(hd) (FA3__DK(hd) > 128u ? 64u : 128u)
+#define FA3__TMA_MIN_PAGE 8u
+#define FA3__BOX(hd, ps) ((ps) < FA3__BN(hd) ? (ps) : FA3__BN(hd))
 
 #ifdef __CUDACC__
 
@@ -220,14 +223,25 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
       char *kd = kv + s * C::STAGE, *vd = kd + C::K_BYTES;
       fa3__wait(&empty[s], ph ^ 1u);
       if (!F8 && a.use_tma && j0 + BN <= t.e.kv_len) {
-        if (tid == 0) { /* boxes past d (d 96) arrive as zeros */
-          const int row = (int)(((uint32_t)pt[j0 >> a.ps_shift] << a.ps_shift) + (j0 & psm));
-          fa3__arrive_tx(&full_k[s], C::K_BYTES);
+        /* Lane i of warp 0 brings page i of the tile (boxes past d, at d 96, arrive as zeros);
+         * the bytes are expected before any box can land. */
+        const uint32_t pb = min(1u << a.ps_shift, (uint32_t)BN), lane = tid % 32u;
+        if (tid < 32u) {
+          if (lane == 0u) {
+            fa3__arrive_tx(&full_k[s], C::K_BYTES);
+            fa3__arrive_tx(&full_v[s], C::V_BYTES);
+          }
+          __syncwarp();
+          if (lane < BN / pb) {
+            const uint32_t j = j0 + lane * pb;
+            const int row = (int)(((uint32_t)pt[j >> a.ps_shift] << a.ps_shift) + (j & psm));
 #pragma unroll
-          for (int sl = 0; sl < C::SK; sl++) fa3__tma3(kd + sl * C::KV_SLAB, tk, sl * 64, (int)kvh, row, &full_k[s]);
-          fa3__arrive_tx(&full_v[s], C::V_BYTES);
+            for (int sl = 0; sl < C::SK; sl++)
+              fa3__tma3(kd + sl * C::KV_SLAB + lane * pb * 128u, tk, sl * 64, (int)kvh, row, &full_k[s]);
 #pragma unroll
-          for (int sl = 0; sl < C::SV; sl++) fa3__tma3(vd + sl * C::KV_SLAB, tv, sl * 64, (int)kvh, row, &full_v[s]);
+            for (int sl = 0; sl < C::SV; sl++)
+              fa3__tma3(vd + sl * C::KV_SLAB + lane * pb * 128u, tv, sl * 64, (int)kvh, row, &full_v[s]);
+          }
         }
         continue;
       }

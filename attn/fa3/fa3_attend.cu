@@ -27,7 +27,7 @@ extern "C" int fattn__fa3_supports(const fattn__layer_params *l) {
 
 extern "C" int fattn__fa3_encode_maps(const fattn__layer_params *l, void *maps) {
   /* fp8 KV is gathered and widened by the producer: no maps. */
-  if (!fattn__fa3_supports(l) || l->kv_dtype == 3u || l->page_size % FA3__BN(l->head_dim) != 0u)
+  if (!fattn__fa3_supports(l) || l->kv_dtype == 3u || l->page_size < FA3__TMA_MIN_PAGE)
     return (int)cudaErrorNotSupported;
   static PFN_cuTensorMapEncodeTiled_v12000 encode; /* driver entry point, looked up once */
   if (!encode) {
@@ -38,9 +38,9 @@ extern "C" int fattn__fa3_encode_maps(const fattn__layer_params *l, void *maps) 
       return (int)cudaErrorNotSupported;
     encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
   }
-  /* [slots, kv_heads, d] with slots = pages * page_size; a box is 64 dims x 1 head x BN slots
-   * (the part of a box past d, at d 96, is filled with zeros). V alike with d_v. */
-  const cuuint32_t box[3] = {64u, 1u, (cuuint32_t)FA3__BN(l->head_dim)}, unit[3] = {1u, 1u, 1u};
+  /* [slots, kv_heads, d] with slots = pages * page_size; a box is 64 dims x 1 head x one page
+   * of a tile (the part of a box past d, at d 96, is filled with zeros). V alike with d_v. */
+  const cuuint32_t box[3] = {64u, 1u, (cuuint32_t)FA3__BOX(l->head_dim, l->page_size)}, unit[3] = {1u, 1u, 1u};
   const CUtensorMapDataType dt = l->q_dtype == 1u ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   CUtensorMap *m = (CUtensorMap *)maps;
   void *pools[2] = {l->k_pool, l->v_pool};
@@ -75,7 +75,7 @@ extern "C" int fattn__fa3_attend(fattn__layer_params l, fattn__step_params s, co
   while ((1u << a.ps_shift) < l.page_size) a.ps_shift++;
   CUtensorMap none[2];
   const CUtensorMap *maps = (const CUtensorMap *)l.tmaps;
-  a.use_tma = maps != NULL && l.kv_dtype != 3u && l.page_size % FA3__BN(l.head_dim) == 0u;
+  a.use_tma = maps != NULL && l.kv_dtype != 3u && l.page_size >= FA3__TMA_MIN_PAGE;
   if (!a.use_tma) {
     memset(none, 0, sizeof none);
     maps = none;
