@@ -648,7 +648,7 @@ END_TEST
 
 #ifdef FATTN_TEST_FA3
 /* Long prefill and extend on the fa3 kernel itself: every head dim it covers, TMA pages (128,
- * 256) and gathered ones, causal, cross, window and softcap. */
+ * 256) and gathered ones, fp8 KV, causal, cross, window, softcap and sinks. */
 START_TEST(fa3_long) {
   ck_assert_msg(fattn__fa3_available(), "the fa3 kernels need a compute capability 9.0 device");
   int f0 = total_fail;
@@ -665,6 +665,23 @@ START_TEST(fa3_long) {
       if (p == 2 && k == 1) { c.softcap = 4.0f; tag = " softcap"; }
       group(&c, 2, tag);
     }
+  /* Tiles padded past d (96), d_v below d (192 / 128), and fp8 KV widened by the producer. */
+  static const struct { int dim; uint32_t qt, kt, ps; int gqa, window, sinks; float softcap; const char *tag; } X[7] = {
+      {1, BF, BF, 128, 1, 0, 0, 0.f, " tma"},      {1, FP, FP, 16, 2, 300, 0, 0.f, " window"},
+      {3, BF, BF, 64, 0, 0, 0, 0.f, " tma"},       {4, FP, FP, 16, 1, 0, 0, 4.f, " softcap"},
+      {2, BF, F8, 128, 1, 0, 1, 0.f, " sinks"},    {5, FP, F8, 64, 2, 300, 0, 0.f, " window"},
+      {3, BF, F8, 16, 1, 0, 0, 0.f, ""}};
+  for (int k = 0; k < 7; k++) {
+    cfg x = base_cfg(FATTN_MODE_PREFILL, DIMS[X[k].dim][0], DIMS[X[k].dim][1], X[k].qt, X[k].kt, X[k].ps,
+                     GQA[X[k].gqa][0], GQA[X[k].gqa][1]);
+    x.max_bs = 3;
+    x.long_len = 1500;
+    x.budget = 3000000;
+    if (X[k].window) x.window = X[k].window;
+    x.sinks = X[k].sinks;
+    x.softcap = X[k].softcap;
+    group(&x, 2, X[k].tag);
+  }
   cfg c = base_cfg(FATTN_MODE_PREFILL, 128, 128, BF, BF, 128, 2, 1);
   c.max_bs = 1;
   c.long_len = 8192;

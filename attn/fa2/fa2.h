@@ -199,23 +199,13 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
   char *kv = smem + C::Q_BYTES + C::RS_BYTES;
 
   /* Visible range of the tile's rows (union) and the range where every row sees everything. */
-  const uint32_t t_lo = R0 / G, t_hi = (Rend - 1) / G, prefix = e.kv_len - e.q_len;
-  uint32_t lo_u = 0, hi_u = e.kv_len, lo_f = 0, hi_f = e.kv_len;
-  if (causal) {
-    uint32_t qa = prefix + t_lo, qb = prefix + t_hi;
-    uint32_t la = 0, lb = 0;
-    if (l.window >= 0) {
-      la = qa > (uint32_t)l.window ? qa - (uint32_t)l.window : 0u;
-      lb = qb > (uint32_t)l.window ? qb - (uint32_t)l.window : 0u;
-    }
-    if (l.chunk) { la = max(la, qa / l.chunk * l.chunk); lb = max(lb, qb / l.chunk * l.chunk); }
-    lo_u = la; lo_f = lb; hi_u = qb + 1; hi_f = qa + 1;
-    if (tree) { lo_u = min(lo_u, prefix); hi_u = e.kv_len; hi_f = min(hi_f, prefix); }
-  }
+  const uint32_t prefix = e.kv_len - e.q_len;
+  const fattn__kv_range rr = fattn__rows_range(&l, causal, tree, e.q_len, e.kv_len, R0 / G, (Rend - 1) / G);
+  const uint32_t lo_f = rr.lo_all;
   uint32_t s_lo = 0, s_hi = e.kv_len;
   if (split) { s_lo = sp * e.split_len; s_hi = min(s_lo + e.split_len, e.kv_len); }
-  const uint32_t kb = max(lo_u, s_lo), ke = min(hi_u, s_hi);
-  const uint32_t hif = min(hi_f, ke);
+  const uint32_t kb = max(rr.lo_any, s_lo), ke = min(rr.hi_any, s_hi);
+  const uint32_t hif = min(rr.hi_all, ke);
   const int nblk = ke > kb ? (int)((ke - kb + BN - 1) / BN) : 0;
 
   /* Q rows (zero for rows past the tile). */

@@ -15,19 +15,28 @@ typedef struct fa3__args {
   const void *q;
   void *out;
   float *lse;
-  float sl2;        /* scale * log2(e) */
-  float cap_scale;  /* scale, when softcap > 0 */
+  float sl2;        /* scale (times k_scale for fp8) * log2(e) */
+  float cap_mul;    /* scale (times k_scale for fp8) / softcap, when softcap > 0 */
+  float o_mul;      /* v_scale for fp8, else 1 */
   uint32_t ps_shift; /* log2(page_size) */
-  uint32_t use_tma; /* the maps are valid and every KV tile lies inside one page */
+  uint32_t use_tma; /* the maps are valid: a whole KV tile comes as one box a page and slab */
 } fa3__args;
 
-/* Launchers per head dim (attn/fa3/fa3_hd*.cu); grid is the persistent CTA count. */
+/* Launchers per padded head dim (attn/fa3/fa3_hd*.cu): 64, 128 (d 96 and 128), 192 (d_v 128
+ * or 192), 256; grid is the persistent CTA count. */
 int fa3__launch_hd64(const fa3__args *a, const CUtensorMap *maps, int grid, cudaStream_t st);
 int fa3__launch_hd128(const fa3__args *a, const CUtensorMap *maps, int grid, cudaStream_t st);
+int fa3__launch_hd192(const fa3__args *a, const CUtensorMap *maps, int grid, cudaStream_t st);
 int fa3__launch_hd256(const fa3__args *a, const CUtensorMap *maps, int grid, cudaStream_t st);
 
-/* KV tile (slots) per head dim: the tile every TMA box and every page-size rule refers to. */
-#define FA3__BN(hd) ((hd) == 256 ? 64 : 128)
+/* A head dim rounded up to the 64-dim slabs of the shared-memory tiles (d 96 runs the
+ * 128-dim kernel, its upper dims zero), and the KV tile (slots). A TMA box is one page of a
+ * tile (at most the tile): pages of 8 slots or more, so that every box starts on a swizzle
+ * atom (8 rows of 128 bytes). */
+#define FA3__DK(hd) (((hd) + 63u) / 64u * 64u)
+#define FA3__BN(hd) (FA3__DK(hd) > 128u ? 64u : 128u)
+#define FA3__TMA_MIN_PAGE 8u
+#define FA3__BOX(hd, ps) ((ps) < FA3__BN(hd) ? (ps) : FA3__BN(hd))
 
 #ifdef __CUDACC__
 
@@ -129,18 +138,39 @@ template <int BN> struct fa3__softmax_exact {
   }
 };
 
+/* Bits n of a thread's BN / 4 columns j0 + 8 (n / 2) + 2 c4 + n % 2 that lie in [lo, hi). */
+template <int BN> __device__ __forceinline__ uint32_t fa3__run_bits(uint32_t lo, uint32_t hi, uint32_t j0, uint32_t c4) {
+  auto below = [&](uint32_t x) -> uint32_t { /* columns under slot x */
+    if (x <= j0 + 2u * c4) return 0u;
+    const uint32_t y = x - j0 - 2u * c4, n = 2u * (y / 8u) + min(y % 8u, 2u);
+    return min(n, (uint32_t)BN / 4u);
+  };
+  auto ones = [](uint32_t n) -> uint32_t { return n >= 32u ? ~0u : (1u << n) - 1u; };
+  return hi > lo ? ones(below(hi)) & ~ones(below(lo)) : 0u;
+}
+
 /* ---- shapes */
 
-template <int HD, int ST> struct fa3__cfg {
-  static constexpr int BN = FA3__BN(HD), NT = 384, SLABS = HD / 64;
-  static constexpr int Q_WG = SLABS * 64 * 128;   /* one consumer's 64 rows: [slab][64][128 B] */
+/* DK, DV: the QK and PV head dims of the tiles (multiples of 64); F8: the KV is fp8, gathered
+ * raw into a landing area and widened to fp16 into the stage by the producer. */
+template <int DK, int DV, int ST, bool F8> struct fa3__cfg {
+  static constexpr int BN = FA3__BN(DK), NT = 384, SK = DK / 64, SV = DV / 64;
+  static constexpr int Q_WG = SK * 64 * 128;      /* one consumer's 64 rows: [slab][64][128 B] */
   static constexpr int KV_SLAB = BN * 128;        /* [BN slots][128 B] */
-  static constexpr int K_BYTES = SLABS * KV_SLAB; /* [slab][BN][128 B], V alike (dv = d) */
-  static constexpr int STAGE = 2 * K_BYTES;
+  static constexpr int K_BYTES = SK * KV_SLAB;    /* [slab][BN][128 B] */
+  static constexpr int V_BYTES = SV * KV_SLAB;
+  static constexpr int STAGE = K_BYTES + V_BYTES;
+  static constexpr int RAW = F8 ? BN * (DK + DV) : 0; /* fp8 rows as loaded: [BN][DK], [BN][DV] */
   static constexpr int BARS = 3 * ST * 8;
-  static constexpr int SMEM = 1024 + 2 * Q_WG + ST * STAGE + BARS;
+  static constexpr int SMEM = 1024 + 2 * Q_WG + ST * STAGE + RAW + BARS;
   static_assert(SMEM <= 227 * 1024, "shared memory");
 };
+
+/* Output and LSE element pairs in Q's type; fp8 kernels serve bf16 and fp16 Q alike. */
+template <typename TM, bool F8> __device__ __forceinline__ uint32_t fa3__out_pair(float x, float y, uint32_t q_dtype) {
+  if constexpr (F8) return q_dtype == 1u ? fa2__pack<__nv_bfloat16>(x, y) : fa2__pack<__half>(x, y);
+  return fa2__pack<TM>(x, y);
+}
 
 /* One unit of work: 128 query rows of one q head (two planner tiles of 64) and its KV range. */
 typedef struct fa3__tile {
@@ -172,12 +202,14 @@ __device__ __forceinline__ bool fa3__tile_of(const fa3__args &a, uint32_t w, uin
 
 /* ---- producer warpgroup: fills the K and V stages, by TMA where the tile sits in one page
  * and is all inside the sequence, else by a cp.async gather (zeros past the range). */
-template <int HD, int ST, typename T>
+template <int DK, int DV, int ST, bool F8>
 __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorMap *tk, const CUtensorMap *tv,
-                                             char *kv, uint64_t *full_k, uint64_t *full_v, uint64_t *empty) {
-  using C = fa3__cfg<HD, ST>;
-  constexpr int BN = C::BN, CH = HD / 8; /* 16-byte chunks a row */
+                                             char *kv, char *raw, uint64_t *full_k, uint64_t *full_v, uint64_t *empty) {
+  using C = fa3__cfg<DK, DV, ST, F8>;
+  constexpr int BN = C::BN, EB = F8 ? 1 : 2; /* bytes an element as stored */
+  constexpr int CK = DK * EB / 16, CV = DV * EB / 16; /* 16-byte chunks a row as loaded */
   const uint32_t tid = threadIdx.x, G = a.l.num_q_heads / a.l.num_kv_heads;
+  const uint32_t d = a.l.head_dim, dv = a.l.head_dim_v, nkv = a.l.num_kv_heads;
   const uint32_t psm = (1u << a.ps_shift) - 1u, num_tiles = a.s.hdr->num_tiles;
   const uint32_t work = a.s.hdr->num_entries ? num_tiles * a.l.num_q_heads : 0u;
   uint32_t it = 0;
@@ -190,48 +222,98 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
       const uint32_t s = it % ST, ph = (it / ST) & 1u, j0 = t.kb + blk * BN;
       char *kd = kv + s * C::STAGE, *vd = kd + C::K_BYTES;
       fa3__wait(&empty[s], ph ^ 1u);
-      if (a.use_tma && j0 + BN <= t.e.kv_len) {
-        if (tid == 0) {
-          const int row = (int)(((uint32_t)pt[j0 >> a.ps_shift] << a.ps_shift) + (j0 & psm));
-          fa3__arrive_tx(&full_k[s], C::K_BYTES);
+      if (!F8 && a.use_tma && j0 + BN <= t.e.kv_len) {
+        /* Lane i of warp 0 brings page i of the tile (boxes past d, at d 96, arrive as zeros);
+         * the bytes are expected before any box can land. */
+        const uint32_t pb = min(1u << a.ps_shift, (uint32_t)BN), lane = tid % 32u;
+        if (tid < 32u) {
+          if (lane == 0u) {
+            fa3__arrive_tx(&full_k[s], C::K_BYTES);
+            fa3__arrive_tx(&full_v[s], C::V_BYTES);
+          }
+          __syncwarp();
+          if (lane < BN / pb) {
+            const uint32_t j = j0 + lane * pb;
+            const int row = (int)(((uint32_t)pt[j >> a.ps_shift] << a.ps_shift) + (j & psm));
 #pragma unroll
-          for (int sl = 0; sl < C::SLABS; sl++) fa3__tma3(kd + sl * C::KV_SLAB, tk, sl * 64, (int)kvh, row, &full_k[s]);
-          fa3__arrive_tx(&full_v[s], C::K_BYTES);
+            for (int sl = 0; sl < C::SK; sl++)
+              fa3__tma3(kd + sl * C::KV_SLAB + lane * pb * 128u, tk, sl * 64, (int)kvh, row, &full_k[s]);
 #pragma unroll
-          for (int sl = 0; sl < C::SLABS; sl++) fa3__tma3(vd + sl * C::KV_SLAB, tv, sl * 64, (int)kvh, row, &full_v[s]);
+            for (int sl = 0; sl < C::SV; sl++)
+              fa3__tma3(vd + sl * C::KV_SLAB + lane * pb * 128u, tv, sl * 64, (int)kvh, row, &full_v[s]);
+          }
         }
         continue;
       }
-      /* Gather: thread tid keeps row tid % BN, so one page-table read a thread a tile. */
+      /* Gather: thread tid keeps row tid % BN, so one page-table read a thread a tile; zeros
+       * past the range and past d. */
       const uint32_t r = tid % BN, j = j0 + r;
       const bool ok = j < t.ke && j < t.e.kv_len;
-      size_t off = 0;
-      if (ok) off = (((size_t)(((uint32_t)pt[j >> a.ps_shift] << a.ps_shift) + (j & psm)) * a.l.num_kv_heads + kvh) * HD) * 2u;
-      const char *ks = (const char *)a.l.k_pool + off, *vs = (const char *)a.l.v_pool + off;
+      size_t slot = 0;
+      if (ok) slot = (size_t)(((uint32_t)pt[j >> a.ps_shift] << a.ps_shift) + (j & psm)) * nkv + kvh;
+      const char *ks = (const char *)a.l.k_pool + slot * d * EB, *vs = (const char *)a.l.v_pool + slot * dv * EB;
+      if constexpr (F8) {
+        char *rk = raw + r * DK, *rv = raw + BN * DK + r * DV;
+#pragma unroll 2
+        for (int c = (int)(tid / BN); c < CK; c += 128 / BN) fa2__cp16(rk + c * 16, ks + c * 16, ok && c * 16u < d);
+#pragma unroll 2
+        for (int c = (int)(tid / BN); c < CV; c += 128 / BN) fa2__cp16(rv + c * 16, vs + c * 16, ok && c * 16u < dv);
+        fa2__commit();
+        fa2__wait<0>();
+        fa3__sync(1, 128);
+        /* 16 fp8 dims to two fp16 chunks, exact; the scales are folded into sl2 and o_mul. */
+        auto widen = [&](const char *src, int cpr, char *dst) {
+#pragma unroll 1
+          for (int i = (int)tid; i < BN * cpr; i += 128) {
+            const int rr = i / cpr, c = i % cpr;
+            const uint4 w = *(const uint4 *)(src + rr * cpr * 16 + c * 16);
+            const uint32_t x[4] = {w.x, w.y, w.z, w.w};
+            uint32_t h[8];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+              h[2 * k] = fa2__e4m3x2<__half>((uint16_t)(x[k] & 0xffffu));
+              h[2 * k + 1] = fa2__e4m3x2<__half>((uint16_t)(x[k] >> 16));
+            }
+            char *o = dst + (c / 4) * C::KV_SLAB;
+            *(uint4 *)(o + fa3__swz(rr, (2 * c) % 8)) = make_uint4(h[0], h[1], h[2], h[3]);
+            *(uint4 *)(o + fa3__swz(rr, (2 * c + 1) % 8)) = make_uint4(h[4], h[5], h[6], h[7]);
+          }
+        };
+        widen(raw, CK, kd);
+        widen(raw + BN * DK, CV, vd);
+        fa3__fence_async();
+        fa3__sync(1, 128); /* the stage is whole, and the landing area free again */
+        if (tid == 0) {
+          fa3__arrive(&full_k[s]);
+          fa3__arrive(&full_v[s]);
+        }
+      } else {
 #pragma unroll 4
-      for (int c = (int)(tid / BN); c < CH; c += 128 / BN)
-        fa2__cp16(kd + (c / 8) * C::KV_SLAB + fa3__swz(r, c % 8), ks + c * 16, ok);
-      fa3__arrive_cp(&full_k[s]);
+        for (int c = (int)(tid / BN); c < CK; c += 128 / BN)
+          fa2__cp16(kd + (c / 8) * C::KV_SLAB + fa3__swz(r, c % 8), ks + c * 16, ok && c * 8u < d);
+        fa3__arrive_cp(&full_k[s]);
 #pragma unroll 4
-      for (int c = (int)(tid / BN); c < CH; c += 128 / BN)
-        fa2__cp16(vd + (c / 8) * C::KV_SLAB + fa3__swz(r, c % 8), vs + c * 16, ok);
-      fa3__arrive_cp(&full_v[s]);
-      fa3__sync(1, 128); /* every thread's pending arrive is counted before the last one */
-      if (tid == 0) {
-        fa3__arrive(&full_k[s]);
-        fa3__arrive(&full_v[s]);
+        for (int c = (int)(tid / BN); c < CV; c += 128 / BN)
+          fa2__cp16(vd + (c / 8) * C::KV_SLAB + fa3__swz(r, c % 8), vs + c * 16, ok && c * 8u < dv);
+        fa3__arrive_cp(&full_v[s]);
+        fa3__sync(1, 128); /* every thread's pending arrive is counted before the last one */
+        if (tid == 0) {
+          fa3__arrive(&full_k[s]);
+          fa3__arrive(&full_v[s]);
+        }
       }
     }
   }
 }
 
 /* ---- consumer warpgroup c: 64 query rows of each tile; S = Q K^T and O += P V by wgmma. */
-template <int HD, int ST, typename T, typename SM>
+template <int DK, int DV, int ST, typename T, bool F8, typename SM>
 __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs, char *kv, uint64_t *full_k,
                                              uint64_t *full_v, uint64_t *empty) {
-  using C = fa3__cfg<HD, ST>;
-  constexpr int BN = C::BN, CH = HD / 8;
+  using C = fa3__cfg<DK, DV, ST, F8>;
+  constexpr int BN = C::BN, CH = DK / 8;
   const fattn__layer_params &l = a.l;
+  const uint32_t d = l.head_dim, dv = l.head_dim_v;
   const uint32_t tid = threadIdx.x % 128u, warp = tid / 32u, lane = tid % 32u, g = lane / 4u, c4 = lane % 4u;
   const uint32_t num_tiles = a.s.hdr->num_tiles, causal = a.s.hdr->causal;
   const uint32_t work = a.s.hdr->num_entries ? num_tiles * l.num_q_heads : 0u;
@@ -246,12 +328,26 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs
     fattn__kv_range mine = fattn__rows_range(&l, (int)causal, t.tree, t.e.q_len, t.e.kv_len, R0, last);
     const uint32_t all_hi = min(mine.hi_all, t.ke);
 
-    /* Q rows of this warpgroup, zeros past the entry. */
+    /* Q rows of this warpgroup, zeros past the entry and past d. With fp8 KV the MMAs run in
+     * fp16, so bf16 Q is narrowed as it loads (exact for |q| in [2^-14, 65504]). */
     for (uint32_t ci = tid; ci < 64u * CH; ci += 128u) {
       const uint32_t r = ci / CH, ch = ci % CH, q = R0 + r;
+      const bool in = q < t.e.q_len && ch * 8u < d;
       const char *src = (const char *)a.q;
-      if (q < t.e.q_len) src += ((size_t)(t.e.q_start + q) * l.num_q_heads + t.hq) * HD * 2u + ch * 16u;
-      fa2__cp16(qs + (ch / 8u) * 8192u + fa3__swz(r, ch % 8u), src, q < t.e.q_len);
+      if (in) src += ((size_t)(t.e.q_start + q) * l.num_q_heads + t.hq) * d * 2u + ch * 16u;
+      char *dst = qs + (ch / 8u) * 8192u + fa3__swz(r, ch % 8u);
+      if (F8 && l.q_dtype == 1u) {
+        uint4 w = in ? *(const uint4 *)src : make_uint4(0u, 0u, 0u, 0u);
+        uint32_t *x = &w.x;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+          const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&x[k]);
+          x[k] = fa2__pack<__half>(f.x, f.y);
+        }
+        *(uint4 *)dst = w;
+      } else {
+        fa2__cp16(dst, src, in);
+      }
     }
     fa2__commit();
     fa2__wait<0>();
@@ -266,9 +362,9 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs
       qpos[h] = prefix + q;
       mrow[h] = t.tree ? a.s.mask + t.e.mask_row + q : nullptr;
     }
-    float o[HD / 2];
+    float o[DV / 2];
 #pragma unroll
-    for (int i = 0; i < HD / 2; i++) o[i] = 0.f;
+    for (int i = 0; i < DV / 2; i++) o[i] = 0.f;
     SM sm;
     sm.init();
 
@@ -281,7 +377,7 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs
       const uint32_t st = (it + blk) % ST;
       const char *kd = kv + st * C::STAGE;
 #pragma unroll
-      for (int ks = 0; ks < HD / 16; ks++)
+      for (int ks = 0; ks < DK / 16; ks++)
         fa3__mma_ss<BN, T>(sc, fa3__desc(qs + (ks / 4) * 8192 + (ks % 4) * 32, 0u),
                            fa3__desc(kd + (ks / 4) * C::KV_SLAB + (ks % 4) * 32, 0u), ks > 0);
       fa3__mma_commit();
@@ -290,14 +386,13 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs
       const uint32_t st = (it + blk) % ST;
       const char *vd = kv + st * C::STAGE + C::K_BYTES;
 #pragma unroll
-      for (int kk = 0; kk < BN / 16; kk++) fa3__mma_rs<HD, T>(o, p[kk], fa3__desc(vd + kk * 2048, C::KV_SLAB));
+      for (int kk = 0; kk < BN / 16; kk++) fa3__mma_rs<DV, T>(o, p[kk], fa3__desc(vd + kk * 2048, C::KV_SLAB));
       fa3__mma_commit();
     };
-    /* Scores of block blk to log2 units, masked; then the policy's step. */
     /* Scores of block blk to log2 units, masked; then the policy's step. The unrolled loops
      * stay small and branch-free: the mask of a boundary block is worked out first, one bit a
      * score, in a rolled loop (jumping over per-score mask code thrashed the I-cache). */
-    const float sl2 = a.sl2, softcap = l.softcap, cap_mul = a.cap_scale / l.softcap;
+    const float sl2 = a.sl2, softcap = l.softcap, cap_mul = a.cap_mul;
     auto soft = [&](uint32_t blk, float *alpha) {
       const uint32_t j0 = t.kb + blk * BN;
       if (softcap > 0.f) {
@@ -309,12 +404,23 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs
       }
       if (!(j0 >= mine.lo_all && j0 + BN <= all_hi)) {
         uint32_t vis[2] = {0u, 0u}; /* bit n: column 8 (n / 2) + 2 c4 + n % 2 of the block */
+        if (DK > 128 || t.tree) { /* d 192 and 256: no registers to spare for the run below */
 #pragma unroll 1
-        for (uint32_t n = 0; n < BN / 4; n++) {
-          const uint32_t j = j0 + 8u * (n >> 1) + 2u * c4 + (n & 1u);
+          for (uint32_t n = 0; n < BN / 4; n++) {
+            const uint32_t j = j0 + 8u * (n >> 1) + 2u * c4 + (n & 1u);
 #pragma unroll
-          for (int h = 0; h < 2; h++)
-            if (j < t.ke && fa2__vis(l, (int)causal, t.tree, mrow[h], prefix, qpos[h], j)) vis[h] |= 1u << n;
+            for (int h = 0; h < 2; h++)
+              if (j < t.ke && fa2__vis(l, (int)causal, t.tree, mrow[h], prefix, qpos[h], j)) vis[h] |= 1u << n;
+          }
+        } else {
+          /* Without a tree a row sees one range of slots, and a thread's columns rise with n,
+           * so its visible bits are one run: two counts instead of a loop. */
+#pragma unroll
+          for (int h = 0; h < 2; h++) {
+            const fattn__kv_range r = fattn__rows_range(&l, (int)causal, 0, t.e.q_len, t.e.kv_len,
+                                                        qpos[h] - prefix, qpos[h] - prefix);
+            vis[h] = fa3__run_bits<BN>(r.lo_any, min(r.hi_any, t.ke), j0, c4);
+          }
         }
 #pragma unroll
         for (int i = 0; i < BN / 8; i++) {
@@ -357,7 +463,7 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs
         ready(full_k, blk);
         ready(full_v, blk - 1);
         fa3__sync(4 + c, 256);
-        fa3__pin<HD / 2>(o);
+        fa3__pin<DV / 2>(o);
         fa3__mma_fence();
         issue_s(blk);
         issue_pv(blk - 1);
@@ -366,12 +472,12 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs
         fa3__mma_wait<1>();
         fa3__pin<BN / 2>(sc);
         soft(blk, alpha);
-        fa3__pin<HD / 2>(o);
+        fa3__pin<DV / 2>(o);
         fa3__mma_wait<0>();
-        fa3__pin<HD / 2>(o);
+        fa3__pin<DV / 2>(o);
         release(blk - 1);
 #pragma unroll
-        for (int i = 0; i < HD / 8; i++) {
+        for (int i = 0; i < DV / 8; i++) {
           o[4 * i] *= alpha[0]; o[4 * i + 1] *= alpha[0];
           o[4 * i + 2] *= alpha[1]; o[4 * i + 3] *= alpha[1];
         }
@@ -379,13 +485,13 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs
       }
       ready(full_v, t.nblk - 1);
       fa3__sync(4 + c, 256);
-      fa3__pin<HD / 2>(o);
+      fa3__pin<DV / 2>(o);
       fa3__mma_fence();
       issue_pv(t.nblk - 1);
       fa3__arrive_bar(4 + (c ^ 1), 256);
-      fa3__pin<HD / 2>(o);
+      fa3__pin<DV / 2>(o);
       fa3__mma_wait<0>();
-      fa3__pin<HD / 2>(o);
+      fa3__pin<DV / 2>(o);
       release(t.nblk - 1);
       it += t.nblk;
     }
@@ -400,31 +506,32 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs
       float lse2 = -INFINITY, inv = 0.f; /* a row that sees nothing: O = 0, LSE = sink or -inf */
       if (M != -INFINITY) {
         const float Lt = L + (l.sinks ? exp2f(l.sinks[t.hq] * FA2__LOG2E - M) : 0.f);
-        inv = 1.f / Lt;
+        inv = a.o_mul / Lt;
         lse2 = M + log2f(Lt);
       } else if (l.sinks) {
         lse2 = l.sinks[t.hq] * FA2__LOG2E;
       }
       const size_t row_o = (size_t)(t.e.q_start + q) * l.num_q_heads + t.hq;
-      T *dst = (T *)a.out + row_o * HD + 2u * c4;
+      uint32_t *dst = (uint32_t *)((uint16_t *)a.out + row_o * dv + 2u * c4);
 #pragma unroll
-      for (int i = 0; i < HD / 8; i++)
-        *(uint32_t *)(dst + 8 * i) = fa2__pack<T>(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
+      for (int i = 0; i < DV / 8; i++)
+        if (8u * i < dv) /* d 96: the upper dims are padding */
+          dst[4 * i] = fa3__out_pair<T, F8>(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv, l.q_dtype);
       if (a.lse && c4 == 0u) a.lse[row_o] = lse2 * FA2__LN2;
     }
   }
   if (c == 0) fa3__sync(4, 256); /* consumer 1's last turn handed over */
 }
 
-template <int HD, int ST, typename T, typename SM>
+template <int DK, int DV, int ST, typename T, bool F8, typename SM>
 __global__ void __launch_bounds__(384, 1)
     fa3__attn(const __grid_constant__ fa3__args a, const __grid_constant__ CUtensorMap tk,
               const __grid_constant__ CUtensorMap tv) {
-  using C = fa3__cfg<HD, ST>;
+  using C = fa3__cfg<DK, DV, ST, F8>;
   extern __shared__ __align__(16) char smem_raw[];
   char *smem = (char *)(((uintptr_t)smem_raw + 1023u) & ~(uintptr_t)1023u); /* swizzle atoms */
-  char *qs = smem, *kv = smem + 2 * C::Q_WG;
-  uint64_t *full_k = (uint64_t *)(kv + ST * C::STAGE), *full_v = full_k + ST, *empty = full_v + ST;
+  char *qs = smem, *kv = smem + 2 * C::Q_WG, *raw = kv + ST * C::STAGE;
+  uint64_t *full_k = (uint64_t *)(raw + C::RAW), *full_v = full_k + ST, *empty = full_v + ST;
   if (threadIdx.x == 0) {
     for (int s = 0; s < ST; s++) {
       fa3__bar_init(&full_k[s], 1);
@@ -437,17 +544,17 @@ __global__ void __launch_bounds__(384, 1)
   const int wg = (int)(threadIdx.x / 128u);
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-    fa3__produce<HD, ST, T>(a, &tk, &tv, kv, full_k, full_v, empty);
+    fa3__produce<DK, DV, ST, F8>(a, &tk, &tv, kv, raw, full_k, full_v, empty);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    fa3__consume<HD, ST, T, SM>(a, wg - 1, qs + (wg - 1) * C::Q_WG, kv, full_k, full_v, empty);
+    fa3__consume<DK, DV, ST, T, F8, SM>(a, wg - 1, qs + (wg - 1) * C::Q_WG, kv, full_k, full_v, empty);
   }
 }
 
-template <int HD, int ST, typename T>
+template <int DK, int DV, int ST, typename T, bool F8>
 static int fa3__go(const fa3__args *a, const CUtensorMap *maps, int grid, cudaStream_t st) {
-  using C = fa3__cfg<HD, ST>;
-  auto k = fa3__attn<HD, ST, T, fa3__softmax_exact<C::BN>>;
+  using C = fa3__cfg<DK, DV, ST, F8>;
+  auto k = fa3__attn<DK, DV, ST, T, F8, fa3__softmax_exact<C::BN>>;
   static int attr_set; /* benign race: idempotent */
   if (!attr_set) {
     cudaError_t err = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
@@ -458,11 +565,13 @@ static int fa3__go(const fa3__args *a, const CUtensorMap *maps, int grid, cudaSt
   return (int)cudaGetLastError();
 }
 
-/* The two kernels of one head dim: bf16 and fp16 (the KV in Q's type). */
-template <int HD, int ST>
+/* The three kernels of one tile shape: bf16 and fp16 KV in Q's type, and fp8 KV (fp16 MMAs,
+ * either Q type; ST8 stages, the landing area taking the rest of shared memory). */
+template <int DK, int DV, int ST, int ST8>
 static int fa3__launch(const fa3__args *a, const CUtensorMap *maps, int grid, cudaStream_t st) {
-  if (a->l.q_dtype == 1u) return fa3__go<HD, ST, __nv_bfloat16>(a, maps, grid, st);
-  return fa3__go<HD, ST, __half>(a, maps, grid, st);
+  if (a->l.kv_dtype == 3u) return fa3__go<DK, DV, ST8, __half, true>(a, maps, grid, st);
+  if (a->l.q_dtype == 1u) return fa3__go<DK, DV, ST, __nv_bfloat16, false>(a, maps, grid, st);
+  return fa3__go<DK, DV, ST, __half, false>(a, maps, grid, st);
 }
 
 #endif /* __CUDACC__ */

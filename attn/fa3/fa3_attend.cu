@@ -18,14 +18,17 @@ extern "C" int fattn__fa3_available(void) {
 }
 
 extern "C" int fattn__fa3_supports(const fattn__layer_params *l) {
-  const uint32_t d = l->head_dim;
-  return (d == 64u || d == 128u || d == 256u) && l->head_dim_v == d && !l->mla &&
-         (l->q_dtype == 1u || l->q_dtype == 2u) && l->kv_dtype == l->q_dtype &&
-         l->num_kv_heads > 0u && l->num_q_heads % l->num_kv_heads == 0u;
+  const uint32_t d = l->head_dim, dv = l->head_dim_v;
+  const int dims = (d == 64u || d == 96u || d == 128u || d == 192u || d == 256u) && (dv == d || (d == 192u && dv == 128u));
+  return dims && !l->mla && (l->q_dtype == 1u || l->q_dtype == 2u) &&
+         (l->kv_dtype == l->q_dtype || l->kv_dtype == 3u) && l->num_kv_heads > 0u &&
+         l->num_q_heads % l->num_kv_heads == 0u;
 }
 
 extern "C" int fattn__fa3_encode_maps(const fattn__layer_params *l, void *maps) {
-  if (!fattn__fa3_supports(l) || l->page_size % FA3__BN(l->head_dim) != 0u) return (int)cudaErrorNotSupported;
+  /* fp8 KV is gathered and widened by the producer: no maps. */
+  if (!fattn__fa3_supports(l) || l->kv_dtype == 3u || l->page_size < FA3__TMA_MIN_PAGE)
+    return (int)cudaErrorNotSupported;
   static PFN_cuTensorMapEncodeTiled_v12000 encode; /* driver entry point, looked up once */
   if (!encode) {
     cudaDriverEntryPointQueryResult q;
@@ -35,18 +38,21 @@ extern "C" int fattn__fa3_encode_maps(const fattn__layer_params *l, void *maps) 
       return (int)cudaErrorNotSupported;
     encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
   }
-  /* [slots, kv_heads, d] with slots = pages * page_size; a box is 64 dims x 1 head x BN slots. */
-  const cuuint64_t dims[3] = {l->head_dim, l->num_kv_heads, (cuuint64_t)l->num_pages * l->page_size};
-  const cuuint64_t strides[2] = {(cuuint64_t)l->head_dim * 2u, (cuuint64_t)l->num_kv_heads * l->head_dim * 2u};
-  const cuuint32_t box[3] = {64u, 1u, (cuuint32_t)FA3__BN(l->head_dim)}, unit[3] = {1u, 1u, 1u};
+  /* [slots, kv_heads, d] with slots = pages * page_size; a box is 64 dims x 1 head x one page
+   * of a tile (the part of a box past d, at d 96, is filled with zeros). V alike with d_v. */
+  const cuuint32_t box[3] = {64u, 1u, (cuuint32_t)FA3__BOX(l->head_dim, l->page_size)}, unit[3] = {1u, 1u, 1u};
   const CUtensorMapDataType dt = l->q_dtype == 1u ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   CUtensorMap *m = (CUtensorMap *)maps;
   void *pools[2] = {l->k_pool, l->v_pool};
-  for (int i = 0; i < 2; i++)
+  const uint32_t dim[2] = {l->head_dim, l->head_dim_v};
+  for (int i = 0; i < 2; i++) {
+    const cuuint64_t dims[3] = {dim[i], l->num_kv_heads, (cuuint64_t)l->num_pages * l->page_size};
+    const cuuint64_t strides[2] = {(cuuint64_t)dim[i] * 2u, (cuuint64_t)l->num_kv_heads * dim[i] * 2u};
     if (encode(&m[i], dt, 3, pools[i], dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
       return (int)cudaErrorInvalidValue;
+  }
   return (int)cudaSuccess;
 }
 
@@ -61,13 +67,15 @@ extern "C" int fattn__fa3_attend(fattn__layer_params l, fattn__step_params s, co
   a.q = q;
   a.out = out;
   a.lse = lse;
-  a.cap_scale = l.scale;
-  a.sl2 = l.scale * FA2__LOG2E;
+  const float ks = l.kv_dtype == 3u ? l.k_scale : 1.f;
+  a.sl2 = l.scale * ks * FA2__LOG2E;
+  a.cap_mul = l.softcap > 0.f ? l.scale * ks / l.softcap : 0.f;
+  a.o_mul = l.kv_dtype == 3u ? l.v_scale : 1.f;
   a.ps_shift = 0;
   while ((1u << a.ps_shift) < l.page_size) a.ps_shift++;
   CUtensorMap none[2];
   const CUtensorMap *maps = (const CUtensorMap *)l.tmaps;
-  a.use_tma = maps != NULL && l.page_size % FA3__BN(l.head_dim) == 0u;
+  a.use_tma = maps != NULL && l.kv_dtype != 3u && l.page_size >= FA3__TMA_MIN_PAGE;
   if (!a.use_tma) {
     memset(none, 0, sizeof none);
     maps = none;
@@ -75,9 +83,10 @@ extern "C" int fattn__fa3_attend(fattn__layer_params l, fattn__step_params s, co
   const uint64_t work = (uint64_t)s.cap_tiles * l.num_q_heads;
   const int grid = (int)(work < (uint64_t)fa2__sm_count() ? work : (uint64_t)fa2__sm_count());
   cudaStream_t st = (cudaStream_t)stream;
-  switch (l.head_dim) {
+  switch (FA3__DK(l.head_dim)) {
     case 64u: return fa3__launch_hd64(&a, maps, grid, st);
     case 128u: return fa3__launch_hd128(&a, maps, grid, st);
+    case 192u: return fa3__launch_hd192(&a, maps, grid, st);
     default: return fa3__launch_hd256(&a, maps, grid, st);
   }
 }

@@ -2,7 +2,7 @@
 # wgmma_gen.py: writes attn/fa3/wgmma.h, the wgmma.mma_async wrappers whose operand lists
 # (one register per accumulator) are too long to spell by hand. Run: python3 wgmma_gen.py
 SS_N = (64, 128)        # S = Q K^T: N is the KV tile
-RS_N = (64, 128, 256)   # O += P V: N is head_dim_v
+RS_N = (64, 128, 192, 256)   # O += P V: N is head_dim_v
 TYPES = (("bf16", "__nv_bfloat16"), ("f16", "__half"))
 
 def regs(n, first):
