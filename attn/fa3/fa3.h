@@ -163,9 +163,6 @@ template <int DK, int DV, int ST, bool F8> struct fa3__cfg {
   static constexpr int RAW = F8 ? BN * (DK + DV) : 0; /* fp8 rows as loaded: [BN][DK], [BN][DV] */
   static constexpr int BARS = 3 * ST * 8;
   static constexpr int SMEM = 1024 + 2 * Q_WG + ST * STAGE + RAW + BARS;
-  /* Registers a thread of the producer and of each consumer (setmaxnreg; P + 2 C <= 512): at
-   * d 192 the producer's TMA lanes spill at 40 and the consumers fit in 224 (ptxas -v). */
-  static constexpr int P_REGS = DK == 192 ? 56 : 40, C_REGS = DK == 192 ? 224 : 232;
   static_assert(SMEM <= 227 * 1024, "shared memory");
 };
 
@@ -546,10 +543,10 @@ __global__ void __launch_bounds__(384, 1)
   __syncthreads();
   const int wg = (int)(threadIdx.x / 128u);
   if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::P_REGS));
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     fa3__produce<DK, DV, ST, F8>(a, &tk, &tv, kv, raw, full_k, full_v, empty);
   } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::C_REGS));
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
     fa3__consume<DK, DV, ST, T, F8, SM>(a, wg - 1, qs + (wg - 1) * C::Q_WG, kv, full_k, full_v, empty);
   }
 }
