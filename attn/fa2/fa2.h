@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "attn/backend.h"
+#include "attn/pdl.h"
 
 #ifdef __CUDACC__
 #include <type_traits>
@@ -523,6 +524,7 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
 
 template <int HD, int HDV, int MW, int NW, int BN, int ST, typename T, int KVT>
 __global__ void __launch_bounds__(MW * NW * 32, MW == 1 && NW > 1 && HD <= 128 ? FA2_DEC_MINB : 1) fa2__attn(const fa2__args a) {
+  fattn__pdl_enter();
   extern __shared__ __align__(16) char smem[];
   const fattn__step_hdr *hdr = a.s.hdr;
   const uint32_t n = hdr->num_entries;
@@ -559,8 +561,7 @@ static int fa2__go(const fa2__args *a, dim3 grid, cudaStream_t st) {
     if (err != cudaSuccess) return (int)err;
     attr_set = 1;
   }
-  k<<<grid, C::NT, C::SMEM, st>>>(*a);
-  return (int)cudaGetLastError();
+  return (int)fattn__launch(k, grid, dim3(C::NT), C::SMEM, st, *a);
 }
 
 /* The kernels of one head-dim pair: {decode, prefill, and wide decode for head dims up to

@@ -17,6 +17,7 @@ extern "C" int fattn__fa2_supports(const fattn__layer_params *l) {
 /* One warp per (query token, q head): merges the split partials of split entries. */
 template <typename T>
 __global__ void __launch_bounds__(128) fa2__combine(const fa2__args a) {
+  fattn__pdl_enter();
   const fattn__step_hdr *hdr = a.s.hdr;
   const uint32_t qh = a.l.num_q_heads, dv = a.l.head_dim_v, lane = threadIdx.x & 31u;
   const uint32_t w = blockIdx.x * 4u + (threadIdx.x >> 5);
@@ -118,7 +119,6 @@ extern "C" int fattn__fa2_attend(fattn__layer_params l, fattn__step_params s, co
   }
   if (err || !decode || !s.split_o) return err;
   const uint32_t warps = s.cap_q_tokens * l.num_q_heads;
-  if (l.q_dtype == 1u) fa2__combine<__nv_bfloat16><<<(warps + 3u) / 4u, 128, 0, st>>>(a);
-  else fa2__combine<__half><<<(warps + 3u) / 4u, 128, 0, st>>>(a);
-  return (int)cudaGetLastError();
+  return (int)fattn__launch(l.q_dtype == 1u ? fa2__combine<__nv_bfloat16> : fa2__combine<__half>,
+                            dim3((warps + 3u) / 4u), dim3(128), 0, st, a);
 }

@@ -531,6 +531,7 @@ __global__ void __launch_bounds__(384, 1)
     fa3__attn(const __grid_constant__ fa3__args a, const __grid_constant__ CUtensorMap tk,
               const __grid_constant__ CUtensorMap tv) {
   using C = fa3__cfg<DK, DV, ST, F8>;
+  fattn__pdl_enter();
   extern __shared__ __align__(16) char smem_raw[];
   char *smem = (char *)(((uintptr_t)smem_raw + 1023u) & ~(uintptr_t)1023u); /* swizzle atoms */
   char *qs = smem, *kv = smem + 2 * C::Q_WG, *raw = kv + ST * C::STAGE;
@@ -564,8 +565,7 @@ static int fa3__go(const fa3__args *a, const CUtensorMap *maps, int grid, cudaSt
     if (err != cudaSuccess) return (int)err;
     attr_set = 1;
   }
-  k<<<grid, C::NT, C::SMEM, st>>>(*a, maps[0], maps[1]);
-  return (int)cudaGetLastError();
+  return (int)fattn__launch(k, dim3(grid), dim3(C::NT), C::SMEM, st, *a, maps[0], maps[1]);
 }
 
 /* The three kernels of one tile shape: bf16 and fp16 KV in Q's type, and fp8 KV (fp16 MMAs,
