@@ -365,6 +365,17 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs
       qpos[h] = prefix + q;
       mrow[h] = t.tree ? a.s.mask + t.e.mask_row + q : nullptr;
     }
+    /* Without a tree a row sees one range of slots: worked out once a tile, not a block. */
+    uint32_t run_lo[2] = {0u, 0u}, run_hi[2] = {0u, 0u};
+    if (DK <= 128 && !t.tree) {
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        const fattn__kv_range r = fattn__rows_range(&l, (int)causal, 0, t.e.q_len, t.e.kv_len, qpos[h] - prefix,
+                                                    qpos[h] - prefix);
+        run_lo[h] = r.lo_any;
+        run_hi[h] = min(r.hi_any, t.ke);
+      }
+    }
     float o[DV / 2];
 #pragma unroll
     for (int i = 0; i < DV / 2; i++) o[i] = 0.f;
@@ -416,14 +427,10 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs
               if (j < t.ke && fa2__vis(l, (int)causal, t.tree, mrow[h], prefix, qpos[h], j)) vis[h] |= 1u << n;
           }
         } else {
-          /* Without a tree a row sees one range of slots, and a thread's columns rise with n,
-           * so its visible bits are one run: two counts instead of a loop. */
+          /* A thread's columns rise with n, so a row's visible bits are one run: two counts
+           * instead of a loop. */
 #pragma unroll
-          for (int h = 0; h < 2; h++) {
-            const fattn__kv_range r = fattn__rows_range(&l, (int)causal, 0, t.e.q_len, t.e.kv_len,
-                                                        qpos[h] - prefix, qpos[h] - prefix);
-            vis[h] = fa3__run_bits<BN>(r.lo_any, min(r.hi_any, t.ke), j0, c4);
-          }
+          for (int h = 0; h < 2; h++) vis[h] = fa3__run_bits<BN>(run_lo[h], run_hi[h], j0, c4);
         }
 #pragma unroll
         for (int i = 0; i < BN / 8; i++) {
