@@ -17,13 +17,8 @@ extern "C" int fattn__fa3_available(void) {
   return avail;
 }
 
-extern "C" int fattn__fa3_supports(const fattn__layer_params *l) {
-  const uint32_t d = l->head_dim, dv = l->head_dim_v;
-  const int dims = (d == 64u || d == 96u || d == 128u || d == 192u || d == 256u) && (dv == d || (d == 192u && dv == 128u));
-  return dims && !l->mla && (l->q_dtype == 1u || l->q_dtype == 2u) &&
-         (l->kv_dtype == l->q_dtype || l->kv_dtype == 3u) && l->num_kv_heads > 0u &&
-         l->num_q_heads % l->num_kv_heads == 0u;
-}
+/* Every layer shape fa2 runs, MLA aside. */
+extern "C" int fattn__fa3_supports(const fattn__layer_params *l) { return fattn__fa2_supports(l) && !l->mla; }
 
 extern "C" int fattn__fa3_encode_maps(const fattn__layer_params *l, void *maps) {
   /* fp8 KV is gathered and widened by the producer: no maps. */
@@ -75,7 +70,7 @@ extern "C" int fattn__fa3_attend(fattn__layer_params l, fattn__step_params s, co
   while ((1u << a.ps_shift) < l.page_size) a.ps_shift++;
   CUtensorMap none[2];
   const CUtensorMap *maps = (const CUtensorMap *)l.tmaps;
-  a.use_tma = maps != NULL && l.kv_dtype != 3u && l.page_size >= FA3__TMA_MIN_PAGE;
+  a.use_tma = maps != NULL; /* fattn__fa3_encode_maps makes them only where TMA serves */
   if (!a.use_tma) {
     memset(none, 0, sizeof none);
     maps = none;
