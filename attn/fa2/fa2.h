@@ -49,6 +49,24 @@ int fa2__launch_hd256(const fa2__args *a, int kind, dim3 grid, cudaStream_t st);
 #define FA2__LOG2E 1.4426950408889634f
 #define FA2__LN2 0.6931471805599453f
 
+/* The arguments of a step, for fa2's kernels and fa3's alike. */
+static inline fa2__args fa2__args_for(const fattn__layer_params &l, const fattn__step_params &s, const void *q, void *out,
+                                      float *lse) {
+  fa2__args a;
+  a.l = l;
+  a.s = s;
+  a.q = q;
+  a.out = out;
+  a.lse = lse;
+  const int f8 = l.kv_dtype == 3u;
+  a.cap_scale = l.scale * (f8 ? l.k_scale : 1.f);
+  a.sl2 = a.cap_scale * FA2__LOG2E;
+  a.o_mul = f8 ? (l.mla ? l.k_scale : l.v_scale) : 1.f; /* MLA's V is K's first dims */
+  a.ps_shift = 0;
+  while ((1u << a.ps_shift) < l.page_size) a.ps_shift++;
+  return a;
+}
+
 __device__ __forceinline__ uint32_t fa2__smem(const void *p) {
   return (uint32_t)__cvta_generic_to_shared(p);
 }

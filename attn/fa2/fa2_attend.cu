@@ -77,18 +77,7 @@ extern "C" int fattn__fa2_attend(fattn__layer_params l, fattn__step_params s, co
   if (!fattn__fa2_supports(&l)) return (int)cudaErrorInvalidValue;
   if (s.cap_entries == 0u || s.cap_q_tokens == 0u) return (int)cudaSuccess;
   cudaStream_t st = (cudaStream_t)stream;
-  fa2__args a;
-  a.l = l;
-  a.s = s;
-  a.q = q;
-  a.out = out;
-  a.lse = lse;
-  const int f8 = l.kv_dtype == 3u;
-  a.cap_scale = l.scale * (f8 ? l.k_scale : 1.f);
-  a.sl2 = a.cap_scale * FA2__LOG2E;
-  a.o_mul = f8 ? (l.mla ? l.k_scale : l.v_scale) : 1.f; /* MLA's V is K's first dims */
-  a.ps_shift = 0;
-  while ((1u << a.ps_shift) < l.page_size) a.ps_shift++;
+  const fa2__args a = fa2__args_for(l, s, q, out, lse);
   const uint32_t G = l.num_q_heads / l.num_kv_heads;
   const int decode = fattn__decode_kind(&l, &s);
   dim3 grid;

@@ -57,17 +57,7 @@ extern "C" int fattn__fa3_attend(fattn__layer_params l, fattn__step_params s, co
     return fattn__fa2_attend(l, s, q, out, lse, stream);
   if (s.cap_entries == 0u || s.cap_q_tokens == 0u || s.cap_tiles == 0u) return (int)cudaSuccess;
   fa3__args a;
-  a.l = l;
-  a.s = s;
-  a.q = q;
-  a.out = out;
-  a.lse = lse;
-  const float ks = l.kv_dtype == 3u ? l.k_scale : 1.f;
-  a.sl2 = l.scale * ks * FA2__LOG2E;
-  a.cap_mul = l.softcap > 0.f ? l.scale * ks / l.softcap : 0.f;
-  a.o_mul = l.kv_dtype == 3u ? l.v_scale : 1.f;
-  a.ps_shift = 0;
-  while ((1u << a.ps_shift) < l.page_size) a.ps_shift++;
+  a.k = fa2__args_for(l, s, q, out, lse);
   CUtensorMap none[2];
   const CUtensorMap *maps = (const CUtensorMap *)l.tmaps;
   a.use_tma = maps != NULL; /* fattn__fa3_encode_maps makes them only where TMA serves */
