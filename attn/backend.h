@@ -42,6 +42,10 @@ static inline int fattn__decode_kind(const fattn__layer_params *l, const fattn__
 
 /* ---- attn/fa2: portable sm_80+ kernels. Return a cudaError_t value (0 on success). */
 
+/* Non-zero where the current device takes programmatic dependent launch (compute capability
+ * 9.0 and newer; attn/pdl.h). Read once, at create, so that no capture asks the device. */
+int fattn__pdl_on(void);
+
 /* Whether the kernels cover this layer shape (head dims, dtypes, MLA); no device work. */
 int fattn__fa2_supports(const fattn__layer_params *l);
 int fattn__fa2_store_kv(fattn__layer_params l, fattn__step_params s, const void *k,

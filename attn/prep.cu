@@ -3,6 +3,8 @@
  * frees the slot; copy-on-write page copies get their own launch. */
 #include <cuda_runtime.h>
 
+#include "attn/pdl.h"
+
 extern "C" {
 #include "attn/plan.h"
 }
@@ -76,6 +78,7 @@ __device__ fattn__pt_update load_update(const uint8_t *updates, uint32_t i) {
  * is loaded up front; then page-table words and entries in parallel (the same derivation as
  * fattn__prep, by prefix sums); last, the completion word releases the slot to the host. */
 __global__ void __launch_bounds__(PREP_THREADS) prep_kernel(prep_args a) {
+  fattn__pdl_enter(); /* the step before may still read the area this one writes */
   __shared__ fattn__pt_update s_up[PREP_THREADS];
   const fattn__step_hdr h = a.hdr;
   const uint32_t tid = threadIdx.x, n = h.num_entries, nu = h.num_pt_updates;
@@ -151,6 +154,7 @@ __global__ void __launch_bounds__(PREP_THREADS) prep_kernel(prep_args a) {
  * 1->2) or reuse a page, so copies of one layer and pool must not run concurrently. */
 __global__ void copy_pages_kernel(const fattn__page_copy *c, uint32_t n, uint8_t *k_pool, uint8_t *v_pool,
                                   uint64_t k_layer, uint64_t v_layer, uint64_t k_page, uint64_t v_page) {
+  fattn__pdl_enter();
   const int is_v = blockIdx.y;
   uint64_t page = is_v ? v_page : k_page;
   uint8_t *base = (is_v ? v_pool + blockIdx.x * v_layer : k_pool + blockIdx.x * k_layer);
@@ -182,8 +186,7 @@ extern "C" int fattn__prep_launch(fattn_ctx *ctx, const uint8_t *slot, uint32_t 
   a.num_words = num_words;
   a.done = (unsigned long long *)fattn__pinned_dev(ctx, &ctx->done[index]);
   a.seq = seq;
-  prep_kernel<<<1, PREP_THREADS, 0, s>>>(a);
-  cudaError_t e = cudaGetLastError();
+  cudaError_t e = fattn__launch(prep_kernel, dim3(1), dim3(PREP_THREADS), 0, s, a);
   if (e != cudaSuccess) { /* nothing will read the slot */
     __atomic_store_n(&ctx->done[index], seq, __ATOMIC_RELEASE);
     return (int)e;
@@ -192,9 +195,9 @@ extern "C" int fattn__prep_launch(fattn_ctx *ctx, const uint8_t *slot, uint32_t 
   if (num_copies) { /* after prep, which moved the copy list to the device */
     const uint64_t k_page = ctx->lay.k_page_bytes, v_page = ctx->lay.v_page_bytes;
     dim3 grid(ctx->n.model.num_layers, v_page ? 2 : 1);
-    copy_pages_kernel<<<grid, 512, 0, s>>>(a.copies, num_copies, dev + ctx->lay.dev_off[FATTN_REGION_K_POOL],
-                                           dev + ctx->lay.dev_off[FATTN_REGION_V_POOL], ctx->lay.k_layer_bytes,
-                                           ctx->lay.v_layer_bytes, k_page, v_page);
+    return (int)fattn__launch(copy_pages_kernel, grid, dim3(512), 0, s, (const fattn__page_copy *)a.copies, num_copies,
+                              dev + ctx->lay.dev_off[FATTN_REGION_K_POOL], dev + ctx->lay.dev_off[FATTN_REGION_V_POOL],
+                              ctx->lay.k_layer_bytes, ctx->lay.v_layer_bytes, k_page, v_page);
   }
-  return (int)cudaGetLastError();
+  return (int)cudaSuccess;
 }

@@ -19,6 +19,8 @@ typedef struct kshape {
 
 /* `prefill --backend fa2|fa3`: the prefill-side backend every context of the run uses. */
 static fattn_backend prefill_backend = FATTN_BACKEND_AUTO;
+/* `decode --max-splits N`: the split-KV bound of every context of the run (0: the default). */
+static uint32_t max_splits;
 
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
@@ -39,6 +41,7 @@ static fattn_ctx *make_ctx(const kshape *k, uint32_t *ids) {
   c.device = 0;
   c.kv_dtype = k->kv_dtype;
   c.prefill_backend = prefill_backend;
+  c.max_splits = max_splits;
   c.page_size = k->page;
   c.max_batch = k->bs;
   c.max_seq_len = k->kv_len;
@@ -131,8 +134,11 @@ static void header(void) {
          "kv", "ms", "GB/s", "read", "frac", "TFLOP/s");
 }
 
+/* Options: --max-splits N (the split-KV bound of the contexts; default 32). */
 int fattn_bench_decode(int argc, char **argv) {
-  (void)argc, (void)argv;
+  for (int i = 1; i < argc; i += 2)
+    if (i + 1 >= argc || strcmp(argv[i], "--max-splits") != 0 || sscanf(argv[i + 1], "%u", &max_splits) != 1)
+      fail("fattn-bench decode", "options: --max-splits N");
   if (!fattn_bench_has_gpu()) fail("fattn-bench decode", "needs a CUDA device");
   static const kshape shapes[] = {
       {FATTN_MODE_DECODE, 64, 1, 4096, 16, 32, 8, 128, FATTN_DTYPE_BF16},
@@ -149,7 +155,8 @@ int fattn_bench_decode(int argc, char **argv) {
   FILE *csv = fopen("build/decode.csv", "w");
   if (!csv) fail("build/decode.csv", "cannot write");
   fprintf(csv, "mode,bs,q,kv,page,hq,hkv,d,kv_dtype,ms,gbps,read_gbps,tflops\n");
-  printf("fattn decode attention (Llama-3.1-8B heads), one layer, median of 21; read = pure-read kernel over the same pages\n");
+  printf("fattn decode attention (Llama-3.1-8B heads), one layer, median of 21, max_splits %u; read = pure-read kernel over the same pages\n",
+         max_splits ? max_splits : 32u);
   header();
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) run_shape(&shapes[i], csv);
   fclose(csv);

@@ -4,9 +4,12 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "attn/pdl.h"
+
 // out [tokens, hq, d] -> q [tokens, hq, d], k and v [tokens, hkv, d]; bf16 throughout.
 __global__ void mix_kernel(const __nv_bfloat16 *out, __nv_bfloat16 *q, __nv_bfloat16 *k, __nv_bfloat16 *v,
                            uint32_t tokens, uint32_t hq, uint32_t hkv, uint32_t d, uint32_t salt) {
+  fattn__pdl_enter(); /* as a serving engine's own kernels would, so layers chain without gaps */
   uint64_t n = (uint64_t)tokens * hq * d;
   for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n; i += (uint64_t)gridDim.x * blockDim.x) {
     uint32_t c = (uint32_t)(i % d), h = (uint32_t)(i / d % hq);
@@ -28,8 +31,6 @@ extern "C" int fattn_bench_mix(const void *out, void *q, void *k, void *v, uint3
   uint32_t blocks = (uint32_t)((n + 255) / 256);
   if (blocks > 4096) blocks = 4096;
   if (blocks == 0) return 0;
-  mix_kernel<<<blocks, 256, 0, (cudaStream_t)stream>>>((const __nv_bfloat16 *)out, (__nv_bfloat16 *)q,
-                                                       (__nv_bfloat16 *)k, (__nv_bfloat16 *)v, tokens, hq, hkv, d,
-                                                       salt);
-  return (int)cudaGetLastError();
+  return (int)fattn__launch(mix_kernel, dim3(blocks), dim3(256), 0, (cudaStream_t)stream, (const __nv_bfloat16 *)out,
+                            (__nv_bfloat16 *)q, (__nv_bfloat16 *)k, (__nv_bfloat16 *)v, tokens, hq, hkv, d, salt);
 }

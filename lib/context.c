@@ -99,6 +99,7 @@ static fattn_status open_device(const fattn__norm *n, uint32_t *num_sms, char *d
     return FAIL(FATTN_ERR_UNSUPPORTED, "device %d: compute capability %d.%d, fattn needs 8.0+",
                 n->cfg.device, prop.major, prop.minor);
   *num_sms = (uint32_t)prop.multiProcessorCount;
+  (void)fattn__pdl_on();
   return FATTN_OK;
 }
 

@@ -12,8 +12,8 @@ enum { LAYERS = 2, HQ = 8, HKV = 2, D = 128, MAXB = 16, TOPK = 2, DRAFT = 4, CAP
 typedef struct rig {
   fattn_ctx *ctx;
   cudaStream_t stream;
-  void *q, *k, *v, *out; /* [CAP, heads, D] bf16 */
-  float *lse;            /* [CAP, HQ] */
+  void *q, *k, *v, *out; /* [cap, heads, D] bf16 */
+  float *lse;            /* [cap, HQ] */
   int sync_inside, malloc_inside;
 } rig;
 
@@ -32,8 +32,8 @@ static void layers(void *user, void *stream) {
   }
 }
 
-static void open_rig(rig *r) {
-  memset(r, 0, sizeof *r);
+/* Every graph mode for batches up to maxb and cap query tokens. */
+static void rig_config(fattn_config *cp, fattn_model *mp, uint32_t maxb, uint32_t cap) {
   fattn_config c;
   fattn_model m;
   fattn_test_small(&c, &m);
@@ -41,20 +41,29 @@ static void open_rig(rig *r) {
   c.device = 0;
   c.page_size = 16;
   c.kv_budget_pages = 4096;
-  c.max_batch = MAXB;
-  c.max_seqs = MAXB * (1 + TOPK);
+  c.max_batch = maxb;
+  c.max_seqs = maxb * (1 + TOPK);
   c.max_seq_len = 2048;
-  c.max_q_tokens = CAP;
+  c.max_q_tokens = cap;
   c.spec_topk = TOPK, c.spec_steps = 2, c.spec_draft_tokens = DRAFT;
   c.graph_modes = (1u << FATTN_MODE_DECODE) | (1u << FATTN_MODE_DRAFT_DECODE) | (1u << FATTN_MODE_TARGET_VERIFY) |
                   (1u << FATTN_MODE_DRAFT_EXTEND);
+  *cp = c, *mp = m;
+}
+
+/* A context of rig_config and buffers of cap query tokens. */
+static void open_rig(rig *r, uint32_t maxb, uint32_t cap) {
+  memset(r, 0, sizeof *r);
+  fattn_config c;
+  fattn_model m;
+  rig_config(&c, &m, maxb, cap);
   ck_assert_msg(fattn_create(&c, &m, &r->ctx, detail, sizeof detail) == FATTN_OK, "%s", detail);
   ck_assert_int_eq(cudaStreamCreateWithFlags(&r->stream, cudaStreamNonBlocking), cudaSuccess);
-  ck_assert_int_eq(cudaMalloc(&r->q, (size_t)CAP * HQ * D * 2), cudaSuccess);
-  ck_assert_int_eq(cudaMalloc(&r->out, (size_t)CAP * HQ * D * 2), cudaSuccess);
-  ck_assert_int_eq(cudaMalloc(&r->k, (size_t)CAP * HKV * D * 2), cudaSuccess);
-  ck_assert_int_eq(cudaMalloc(&r->v, (size_t)CAP * HKV * D * 2), cudaSuccess);
-  ck_assert_int_eq(cudaMalloc((void **)&r->lse, (size_t)CAP * HQ * 4), cudaSuccess);
+  ck_assert_int_eq(cudaMalloc(&r->q, (size_t)cap * HQ * D * 2), cudaSuccess);
+  ck_assert_int_eq(cudaMalloc(&r->out, (size_t)cap * HQ * D * 2), cudaSuccess);
+  ck_assert_int_eq(cudaMalloc(&r->k, (size_t)cap * HKV * D * 2), cudaSuccess);
+  ck_assert_int_eq(cudaMalloc(&r->v, (size_t)cap * HKV * D * 2), cudaSuccess);
+  ck_assert_int_eq(cudaMalloc((void **)&r->lse, (size_t)cap * HQ * 4), cudaSuccess);
 }
 
 static void close_rig(rig *r) {
@@ -107,18 +116,18 @@ static void read_out(rig *r, uint16_t *out, float *lse, uint32_t tokens) {
   ck_assert_int_eq(cudaMemcpy(lse, r->lse, (size_t)tokens * HQ * 4, cudaMemcpyDeviceToHost), cudaSuccess);
 }
 
-/* 50 replays a mode (4 under FATTN_TEST_QUICK) with random batch sizes and lengths: graph output equals eager bit for
- * bit, padding rows come out as zeros, and plan + launch make no forbidden call. */
+/* 200 replays a mode (4 under FATTN_TEST_QUICK) with random batch sizes and lengths: graph output equals eager bit
+ * for bit, padding rows come out as zeros, and plan + launch make no forbidden call. */
 START_TEST(replay_equals_eager_every_mode) {
   rig r;
-  open_rig(&r);
+  open_rig(&r, MAXB, CAP);
   const fattn_mode modes[4] = {FATTN_MODE_DECODE, FATTN_MODE_DRAFT_DECODE, FATTN_MODE_TARGET_VERIFY,
                                FATTN_MODE_DRAFT_EXTEND};
   static uint16_t eager[CAP * HQ * D], graph[CAP * HQ * D];
   static float eager_lse[CAP * HQ], graph_lse[CAP * HQ];
   uint64_t seed = 7;
   long forbidden = 0;
-  const int reps = getenv("FATTN_TEST_QUICK") ? 4 : 50; /* under compute-sanitizer */
+  const int reps = getenv("FATTN_TEST_QUICK") ? 4 : 200; /* under compute-sanitizer */
   for (int m = 0; m < 4; m++) {
     for (uint32_t b = 1; b <= MAXB; b++) ck_assert_msg(fattn_graph_capture(r.ctx, modes[m], b, layers, &r) == FATTN_OK, "%s", fattn_detail(r.ctx));
     for (int rep = 0; rep < reps; rep++) {
@@ -164,7 +173,7 @@ END_TEST
 /* A captured body that synchronises or allocates fails the capture with a clear error. */
 START_TEST(capture_that_syncs_or_allocates_fails) {
   rig r;
-  open_rig(&r);
+  open_rig(&r, MAXB, CAP);
   r.sync_inside = 1;
   ck_assert_status(fattn_graph_capture(r.ctx, FATTN_MODE_DECODE, 4, layers, &r), FATTN_ERR_CUDA);
   ck_assert_msg(strstr(fattn_detail(r.ctx), "must not allocate or synchronise"), "%s", fattn_detail(r.ctx));
@@ -185,4 +194,34 @@ START_TEST(capture_that_syncs_or_allocates_fails) {
 }
 END_TEST
 
-FATTN_SUITE("gpu_graph", FATTN_TEST_GPU, replay_equals_eager_every_mode, capture_that_syncs_or_allocates_fails)
+/* Every default bucket (1, 2, 4, 8, 12, 16, 24, 32, then every 8 up to 256: 36) of every graph
+ * mode captures in global mode at max_batch 256; a size past max_batch is refused; the memory
+ * plan reports each mode's graph memory. */
+START_TEST(capture_every_default_bucket) {
+  rig r;
+  open_rig(&r, 256, 256 * (DRAFT + 1));
+  const fattn_mode modes[4] = {FATTN_MODE_DECODE, FATTN_MODE_DRAFT_DECODE, FATTN_MODE_TARGET_VERIFY,
+                               FATTN_MODE_DRAFT_EXTEND};
+  int captured = 0;
+  for (int m = 0; m < 4; m++) {
+    for (uint32_t b = 1; b <= 256; b = b < 8 ? b * 2 : b < 16 ? b + 4 : b + 8) {
+      fattn_status st = fattn_graph_capture(r.ctx, modes[m], b, layers, &r);
+      ck_assert_msg(st == FATTN_OK, "mode %d bucket %u: %s", modes[m], b, fattn_detail(r.ctx));
+      captured++;
+    }
+    ck_assert_status(fattn_graph_capture(r.ctx, modes[m], 257, layers, &r), FATTN_ERR_INVALID);
+  }
+  ck_assert_int_eq(captured, 4 * 36);
+  fattn_config c;
+  fattn_model mo;
+  rig_config(&c, &mo, 256, 256 * (DRAFT + 1));
+  fattn_memory_report rep = FATTN_MEMORY_REPORT_INIT;
+  ck_assert_msg(fattn_memory_plan(&c, &mo, &rep, detail, sizeof detail) == FATTN_OK, "%s", detail);
+  for (int m = 0; m < 4; m++) ck_assert_msg(rep.graph_bytes_per_mode[modes[m]] > 0, "mode %d: no graph bytes", modes[m]);
+  ck_assert_ok(fattn_check(r.ctx));
+  close_rig(&r);
+}
+END_TEST
+
+FATTN_SUITE("gpu_graph", FATTN_TEST_GPU, replay_equals_eager_every_mode, capture_that_syncs_or_allocates_fails,
+            capture_every_default_bucket)

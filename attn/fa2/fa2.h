@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "attn/backend.h"
+#include "attn/pdl.h"
 
 #ifdef __CUDACC__
 #include <type_traits>
@@ -47,6 +48,24 @@ int fa2__launch_hd256(const fa2__args *a, int kind, dim3 grid, cudaStream_t st);
 
 #define FA2__LOG2E 1.4426950408889634f
 #define FA2__LN2 0.6931471805599453f
+
+/* The arguments of a step, for fa2's kernels and fa3's alike. */
+static inline fa2__args fa2__args_for(const fattn__layer_params &l, const fattn__step_params &s, const void *q, void *out,
+                                      float *lse) {
+  fa2__args a;
+  a.l = l;
+  a.s = s;
+  a.q = q;
+  a.out = out;
+  a.lse = lse;
+  const int f8 = l.kv_dtype == 3u;
+  a.cap_scale = l.scale * (f8 ? l.k_scale : 1.f);
+  a.sl2 = a.cap_scale * FA2__LOG2E;
+  a.o_mul = f8 ? (l.mla ? l.k_scale : l.v_scale) : 1.f; /* MLA's V is K's first dims */
+  a.ps_shift = 0;
+  while ((1u << a.ps_shift) < l.page_size) a.ps_shift++;
+  return a;
+}
 
 __device__ __forceinline__ uint32_t fa2__smem(const void *p) {
   return (uint32_t)__cvta_generic_to_shared(p);
@@ -523,6 +542,7 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
 
 template <int HD, int HDV, int MW, int NW, int BN, int ST, typename T, int KVT>
 __global__ void __launch_bounds__(MW * NW * 32, MW == 1 && NW > 1 && HD <= 128 ? FA2_DEC_MINB : 1) fa2__attn(const fa2__args a) {
+  fattn__pdl_enter();
   extern __shared__ __align__(16) char smem[];
   const fattn__step_hdr *hdr = a.s.hdr;
   const uint32_t n = hdr->num_entries;
@@ -559,8 +579,7 @@ static int fa2__go(const fa2__args *a, dim3 grid, cudaStream_t st) {
     if (err != cudaSuccess) return (int)err;
     attr_set = 1;
   }
-  k<<<grid, C::NT, C::SMEM, st>>>(*a);
-  return (int)cudaGetLastError();
+  return (int)fattn__launch(k, grid, dim3(C::NT), C::SMEM, st, *a);
 }
 
 /* The kernels of one head-dim pair: {decode, prefill, and wide decode for head dims up to

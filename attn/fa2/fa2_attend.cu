@@ -17,6 +17,7 @@ extern "C" int fattn__fa2_supports(const fattn__layer_params *l) {
 /* One warp per (query token, q head): merges the split partials of split entries. */
 template <typename T>
 __global__ void __launch_bounds__(128) fa2__combine(const fa2__args a) {
+  fattn__pdl_enter();
   const fattn__step_hdr *hdr = a.s.hdr;
   const uint32_t qh = a.l.num_q_heads, dv = a.l.head_dim_v, lane = threadIdx.x & 31u;
   const uint32_t w = blockIdx.x * 4u + (threadIdx.x >> 5);
@@ -76,18 +77,7 @@ extern "C" int fattn__fa2_attend(fattn__layer_params l, fattn__step_params s, co
   if (!fattn__fa2_supports(&l)) return (int)cudaErrorInvalidValue;
   if (s.cap_entries == 0u || s.cap_q_tokens == 0u) return (int)cudaSuccess;
   cudaStream_t st = (cudaStream_t)stream;
-  fa2__args a;
-  a.l = l;
-  a.s = s;
-  a.q = q;
-  a.out = out;
-  a.lse = lse;
-  const int f8 = l.kv_dtype == 3u;
-  a.cap_scale = l.scale * (f8 ? l.k_scale : 1.f);
-  a.sl2 = a.cap_scale * FA2__LOG2E;
-  a.o_mul = f8 ? (l.mla ? l.k_scale : l.v_scale) : 1.f; /* MLA's V is K's first dims */
-  a.ps_shift = 0;
-  while ((1u << a.ps_shift) < l.page_size) a.ps_shift++;
+  const fa2__args a = fa2__args_for(l, s, q, out, lse);
   const uint32_t G = l.num_q_heads / l.num_kv_heads;
   const int decode = fattn__decode_kind(&l, &s);
   dim3 grid;
@@ -118,7 +108,6 @@ extern "C" int fattn__fa2_attend(fattn__layer_params l, fattn__step_params s, co
   }
   if (err || !decode || !s.split_o) return err;
   const uint32_t warps = s.cap_q_tokens * l.num_q_heads;
-  if (l.q_dtype == 1u) fa2__combine<__nv_bfloat16><<<(warps + 3u) / 4u, 128, 0, st>>>(a);
-  else fa2__combine<__half><<<(warps + 3u) / 4u, 128, 0, st>>>(a);
-  return (int)cudaGetLastError();
+  return (int)fattn__launch(l.q_dtype == 1u ? fa2__combine<__nv_bfloat16> : fa2__combine<__half>,
+                            dim3((warps + 3u) / 4u), dim3(128), 0, st, a);
 }

@@ -10,6 +10,7 @@ __device__ __forceinline__ float fa2__ld(const void *p, size_t i, uint32_t dt) {
 /* One CTA per new row; a thread moves 8 elements of one (K or V, kv head) piece. */
 __global__ void __launch_bounds__(256) fa2__store(const fattn__layer_params l, const fattn__step_params s,
                                                   const void *k, const void *v) {
+  fattn__pdl_enter();
   const fattn__step_hdr *hdr = s.hdr;
   const uint32_t row = blockIdx.x, n = hdr->num_entries;
   if (n == 0u || row >= hdr->num_new_tokens) return;
@@ -59,6 +60,5 @@ extern "C" int fattn__fa2_store_kv(fattn__layer_params l, fattn__step_params s, 
                                    const void *v, void *stream) {
   if (l.head_dim % 8u || l.head_dim_v % 8u || l.page_size == 0u) return (int)cudaErrorInvalidValue;
   if (s.cap_new_tokens == 0u) return (int)cudaSuccess;
-  fa2__store<<<s.cap_new_tokens, 256, 0, (cudaStream_t)stream>>>(l, s, k, v);
-  return (int)cudaGetLastError();
+  return (int)fattn__launch(fa2__store, dim3(s.cap_new_tokens), dim3(256), 0, (cudaStream_t)stream, l, s, k, v);
 }

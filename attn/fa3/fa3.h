@@ -8,18 +8,12 @@
 #include "attn/fa2/fa2.h"
 #include "attn/fa3/wgmma.h"
 
-/* Everything the kernel needs besides the two tensor maps, by value. */
+/* Everything the kernel needs besides the two tensor maps, by value: fa2's arguments (the
+ * same derivation, fa2__args_for) and whether the maps are valid (then a whole KV tile comes
+ * as one box a page and slab). */
 typedef struct fa3__args {
-  fattn__layer_params l;
-  fattn__step_params s;
-  const void *q;
-  void *out;
-  float *lse;
-  float sl2;        /* scale (times k_scale for fp8) * log2(e) */
-  float cap_mul;    /* scale (times k_scale for fp8) / softcap, when softcap > 0 */
-  float o_mul;      /* v_scale for fp8, else 1 */
-  uint32_t ps_shift; /* log2(page_size) */
-  uint32_t use_tma; /* the maps are valid: a whole KV tile comes as one box a page and slab */
+  fa2__args k;
+  uint32_t use_tma;
 } fa3__args;
 
 /* Launchers per padded head dim (attn/fa3/fa3_hd*.cu): 64, 128 (d 96 and 128), 192 (d_v 128
@@ -163,6 +157,9 @@ template <int DK, int DV, int ST, bool F8> struct fa3__cfg {
   static constexpr int RAW = F8 ? BN * (DK + DV) : 0; /* fp8 rows as loaded: [BN][DK], [BN][DV] */
   static constexpr int BARS = 3 * ST * 8;
   static constexpr int SMEM = 1024 + 2 * Q_WG + ST * STAGE + RAW + BARS;
+  /* Registers a thread of the producer and of each consumer (setmaxnreg; P + 2 C <= 512): at
+   * d 192 the producer's TMA lanes spill at 40 and the consumers fit in 224 (ptxas -v). */
+  static constexpr int P_REGS = DK == 192 ? 56 : 40, C_REGS = DK == 192 ? 224 : 232;
   static_assert(SMEM <= 227 * 1024, "shared memory");
 };
 
@@ -184,16 +181,16 @@ typedef struct fa3__tile {
  * item that is the second half of a 128-row tile. */
 template <int BN>
 __device__ __forceinline__ bool fa3__tile_of(const fa3__args &a, uint32_t w, uint32_t num_tiles, fa3__tile *t) {
-  const fattn__step_hdr *hdr = a.s.hdr;
-  const uint32_t qh = a.l.num_q_heads, b = num_tiles - 1u - w / qh;
-  t->e = a.s.entries[fa2__find(a.s.entries, hdr->num_entries, b, 1)];
+  const fattn__step_hdr *hdr = a.k.s.hdr;
+  const uint32_t qh = a.k.l.num_q_heads, b = num_tiles - 1u - w / qh;
+  t->e = a.k.s.entries[fa2__find(a.k.s.entries, hdr->num_entries, b, 1)];
   const uint32_t local = b - t->e.tile_start;
   if (local & 1u) return false;
   t->hq = w % qh;
   t->R0 = local * 64u;
-  t->tree = hdr->mode == 3u && t->e.mask_row != UINT32_MAX && a.s.mask;
+  t->tree = hdr->mode == 3u && t->e.mask_row != UINT32_MAX && a.k.s.mask;
   const uint32_t last = min(t->R0 + 127u, t->e.q_len - 1u);
-  fattn__kv_range r = fattn__rows_range(&a.l, (int)hdr->causal, t->tree, t->e.q_len, t->e.kv_len, t->R0, last);
+  fattn__kv_range r = fattn__rows_range(&a.k.l, (int)hdr->causal, t->tree, t->e.q_len, t->e.kv_len, t->R0, last);
   t->kb = r.lo_any / BN * BN;
   t->ke = r.hi_any;
   t->nblk = t->ke > t->kb ? (t->ke - t->kb + BN - 1u) / BN : 0u;
@@ -208,16 +205,16 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
   using C = fa3__cfg<DK, DV, ST, F8>;
   constexpr int BN = C::BN, EB = F8 ? 1 : 2; /* bytes an element as stored */
   constexpr int CK = DK * EB / 16, CV = DV * EB / 16; /* 16-byte chunks a row as loaded */
-  const uint32_t tid = threadIdx.x, G = a.l.num_q_heads / a.l.num_kv_heads;
-  const uint32_t d = a.l.head_dim, dv = a.l.head_dim_v, nkv = a.l.num_kv_heads;
-  const uint32_t psm = (1u << a.ps_shift) - 1u, num_tiles = a.s.hdr->num_tiles;
-  const uint32_t work = a.s.hdr->num_entries ? num_tiles * a.l.num_q_heads : 0u;
+  const uint32_t tid = threadIdx.x, G = a.k.l.num_q_heads / a.k.l.num_kv_heads;
+  const uint32_t d = a.k.l.head_dim, dv = a.k.l.head_dim_v, nkv = a.k.l.num_kv_heads;
+  const uint32_t psm = (1u << a.k.ps_shift) - 1u, num_tiles = a.k.s.hdr->num_tiles;
+  const uint32_t work = a.k.s.hdr->num_entries ? num_tiles * a.k.l.num_q_heads : 0u;
   uint32_t it = 0;
   for (uint32_t w = blockIdx.x; w < work; w += gridDim.x) {
     fa3__tile t;
     if (!fa3__tile_of<BN>(a, w, num_tiles, &t)) continue;
     const uint32_t kvh = t.hq / G;
-    const int32_t *pt = a.l.page_table + (size_t)t.e.seq * a.l.pages_per_seq;
+    const int32_t *pt = a.k.l.page_table + (size_t)t.e.seq * a.k.l.pages_per_seq;
     for (uint32_t blk = 0; blk < t.nblk; blk++, it++) {
       const uint32_t s = it % ST, ph = (it / ST) & 1u, j0 = t.kb + blk * BN;
       char *kd = kv + s * C::STAGE, *vd = kd + C::K_BYTES;
@@ -225,7 +222,7 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
       if (!F8 && a.use_tma && j0 + BN <= t.e.kv_len) {
         /* Lane i of warp 0 brings page i of the tile (boxes past d, at d 96, arrive as zeros);
          * the bytes are expected before any box can land. */
-        const uint32_t pb = min(1u << a.ps_shift, (uint32_t)BN), lane = tid % 32u;
+        const uint32_t pb = min(1u << a.k.ps_shift, (uint32_t)BN), lane = tid % 32u;
         if (tid < 32u) {
           if (lane == 0u) {
             fa3__arrive_tx(&full_k[s], C::K_BYTES);
@@ -234,7 +231,7 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
           __syncwarp();
           if (lane < BN / pb) {
             const uint32_t j = j0 + lane * pb;
-            const int row = (int)(((uint32_t)pt[j >> a.ps_shift] << a.ps_shift) + (j & psm));
+            const int row = (int)(((uint32_t)pt[j >> a.k.ps_shift] << a.k.ps_shift) + (j & psm));
 #pragma unroll
             for (int sl = 0; sl < C::SK; sl++)
               fa3__tma3(kd + sl * C::KV_SLAB + lane * pb * 128u, tk, sl * 64, (int)kvh, row, &full_k[s]);
@@ -250,8 +247,8 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
       const uint32_t r = tid % BN, j = j0 + r;
       const bool ok = j < t.ke && j < t.e.kv_len;
       size_t slot = 0;
-      if (ok) slot = (size_t)(((uint32_t)pt[j >> a.ps_shift] << a.ps_shift) + (j & psm)) * nkv + kvh;
-      const char *ks = (const char *)a.l.k_pool + slot * d * EB, *vs = (const char *)a.l.v_pool + slot * dv * EB;
+      if (ok) slot = (size_t)(((uint32_t)pt[j >> a.k.ps_shift] << a.k.ps_shift) + (j & psm)) * nkv + kvh;
+      const char *ks = (const char *)a.k.l.k_pool + slot * d * EB, *vs = (const char *)a.k.l.v_pool + slot * dv * EB;
       if constexpr (F8) {
         char *rk = raw + r * DK, *rv = raw + BN * DK + r * DV;
 #pragma unroll 2
@@ -312,11 +309,11 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs
                                              uint64_t *full_v, uint64_t *empty) {
   using C = fa3__cfg<DK, DV, ST, F8>;
   constexpr int BN = C::BN, CH = DK / 8;
-  const fattn__layer_params &l = a.l;
+  const fattn__layer_params &l = a.k.l;
   const uint32_t d = l.head_dim, dv = l.head_dim_v;
   const uint32_t tid = threadIdx.x % 128u, warp = tid / 32u, lane = tid % 32u, g = lane / 4u, c4 = lane % 4u;
-  const uint32_t num_tiles = a.s.hdr->num_tiles, causal = a.s.hdr->causal;
-  const uint32_t work = a.s.hdr->num_entries ? num_tiles * l.num_q_heads : 0u;
+  const uint32_t num_tiles = a.k.s.hdr->num_tiles, causal = a.k.s.hdr->causal;
+  const uint32_t work = a.k.s.hdr->num_entries ? num_tiles * l.num_q_heads : 0u;
   uint32_t it = 0;
   if (c == 1) fa3__arrive_bar(4, 256); /* consumer 0 takes the first turn */
   for (uint32_t w = blockIdx.x; w < work; w += gridDim.x) {
@@ -333,7 +330,7 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs
     for (uint32_t ci = tid; ci < 64u * CH; ci += 128u) {
       const uint32_t r = ci / CH, ch = ci % CH, q = R0 + r;
       const bool in = q < t.e.q_len && ch * 8u < d;
-      const char *src = (const char *)a.q;
+      const char *src = (const char *)a.k.q;
       if (in) src += ((size_t)(t.e.q_start + q) * l.num_q_heads + t.hq) * d * 2u + ch * 16u;
       char *dst = qs + (ch / 8u) * 8192u + fa3__swz(r, ch % 8u);
       if (F8 && l.q_dtype == 1u) {
@@ -360,7 +357,18 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs
     for (int h = 0; h < 2; h++) {
       const uint32_t q = min(R0 + warp * 16u + g + 8u * h, t.e.q_len - 1u);
       qpos[h] = prefix + q;
-      mrow[h] = t.tree ? a.s.mask + t.e.mask_row + q : nullptr;
+      mrow[h] = t.tree ? a.k.s.mask + t.e.mask_row + q : nullptr;
+    }
+    /* Without a tree a row sees one range of slots: worked out once a tile, not a block. */
+    uint32_t run_lo[2] = {0u, 0u}, run_hi[2] = {0u, 0u};
+    if (DK <= 128 && !t.tree) {
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        const fattn__kv_range r = fattn__rows_range(&l, (int)causal, 0, t.e.q_len, t.e.kv_len, qpos[h] - prefix,
+                                                    qpos[h] - prefix);
+        run_lo[h] = r.lo_any;
+        run_hi[h] = min(r.hi_any, t.ke);
+      }
     }
     float o[DV / 2];
 #pragma unroll
@@ -392,7 +400,7 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs
     /* Scores of block blk to log2 units, masked; then the policy's step. The unrolled loops
      * stay small and branch-free: the mask of a boundary block is worked out first, one bit a
      * score, in a rolled loop (jumping over per-score mask code thrashed the I-cache). */
-    const float sl2 = a.sl2, softcap = l.softcap, cap_mul = a.cap_mul;
+    const float sl2 = a.k.sl2, softcap = l.softcap, cap_mul = a.k.cap_scale / l.softcap;
     auto soft = [&](uint32_t blk, float *alpha) {
       const uint32_t j0 = t.kb + blk * BN;
       if (softcap > 0.f) {
@@ -413,14 +421,10 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs
               if (j < t.ke && fa2__vis(l, (int)causal, t.tree, mrow[h], prefix, qpos[h], j)) vis[h] |= 1u << n;
           }
         } else {
-          /* Without a tree a row sees one range of slots, and a thread's columns rise with n,
-           * so its visible bits are one run: two counts instead of a loop. */
+          /* A thread's columns rise with n, so a row's visible bits are one run: two counts
+           * instead of a loop. */
 #pragma unroll
-          for (int h = 0; h < 2; h++) {
-            const fattn__kv_range r = fattn__rows_range(&l, (int)causal, 0, t.e.q_len, t.e.kv_len,
-                                                        qpos[h] - prefix, qpos[h] - prefix);
-            vis[h] = fa3__run_bits<BN>(r.lo_any, min(r.hi_any, t.ke), j0, c4);
-          }
+          for (int h = 0; h < 2; h++) vis[h] = fa3__run_bits<BN>(run_lo[h], run_hi[h], j0, c4);
         }
 #pragma unroll
         for (int i = 0; i < BN / 8; i++) {
@@ -506,18 +510,18 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs
       float lse2 = -INFINITY, inv = 0.f; /* a row that sees nothing: O = 0, LSE = sink or -inf */
       if (M != -INFINITY) {
         const float Lt = L + (l.sinks ? exp2f(l.sinks[t.hq] * FA2__LOG2E - M) : 0.f);
-        inv = a.o_mul / Lt;
+        inv = a.k.o_mul / Lt;
         lse2 = M + log2f(Lt);
       } else if (l.sinks) {
         lse2 = l.sinks[t.hq] * FA2__LOG2E;
       }
       const size_t row_o = (size_t)(t.e.q_start + q) * l.num_q_heads + t.hq;
-      uint32_t *dst = (uint32_t *)((uint16_t *)a.out + row_o * dv + 2u * c4);
+      uint32_t *dst = (uint32_t *)((uint16_t *)a.k.out + row_o * dv + 2u * c4);
 #pragma unroll
       for (int i = 0; i < DV / 8; i++)
         if (8u * i < dv) /* d 96: the upper dims are padding */
           dst[4 * i] = fa3__out_pair<T, F8>(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv, l.q_dtype);
-      if (a.lse && c4 == 0u) a.lse[row_o] = lse2 * FA2__LN2;
+      if (a.k.lse && c4 == 0u) a.k.lse[row_o] = lse2 * FA2__LN2;
     }
   }
   if (c == 0) fa3__sync(4, 256); /* consumer 1's last turn handed over */
@@ -528,6 +532,7 @@ __global__ void __launch_bounds__(384, 1)
     fa3__attn(const __grid_constant__ fa3__args a, const __grid_constant__ CUtensorMap tk,
               const __grid_constant__ CUtensorMap tv) {
   using C = fa3__cfg<DK, DV, ST, F8>;
+  fattn__pdl_enter();
   extern __shared__ __align__(16) char smem_raw[];
   char *smem = (char *)(((uintptr_t)smem_raw + 1023u) & ~(uintptr_t)1023u); /* swizzle atoms */
   char *qs = smem, *kv = smem + 2 * C::Q_WG, *raw = kv + ST * C::STAGE;
@@ -543,10 +548,10 @@ __global__ void __launch_bounds__(384, 1)
   __syncthreads();
   const int wg = (int)(threadIdx.x / 128u);
   if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::P_REGS));
     fa3__produce<DK, DV, ST, F8>(a, &tk, &tv, kv, raw, full_k, full_v, empty);
   } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::C_REGS));
     fa3__consume<DK, DV, ST, T, F8, SM>(a, wg - 1, qs + (wg - 1) * C::Q_WG, kv, full_k, full_v, empty);
   }
 }
@@ -561,16 +566,15 @@ static int fa3__go(const fa3__args *a, const CUtensorMap *maps, int grid, cudaSt
     if (err != cudaSuccess) return (int)err;
     attr_set = 1;
   }
-  k<<<grid, C::NT, C::SMEM, st>>>(*a, maps[0], maps[1]);
-  return (int)cudaGetLastError();
+  return (int)fattn__launch(k, dim3(grid), dim3(C::NT), C::SMEM, st, *a, maps[0], maps[1]);
 }
 
 /* The three kernels of one tile shape: bf16 and fp16 KV in Q's type, and fp8 KV (fp16 MMAs,
  * either Q type; ST8 stages, the landing area taking the rest of shared memory). */
 template <int DK, int DV, int ST, int ST8>
 static int fa3__launch(const fa3__args *a, const CUtensorMap *maps, int grid, cudaStream_t st) {
-  if (a->l.kv_dtype == 3u) return fa3__go<DK, DV, ST8, __half, true>(a, maps, grid, st);
-  if (a->l.q_dtype == 1u) return fa3__go<DK, DV, ST, __nv_bfloat16, false>(a, maps, grid, st);
+  if (a->k.l.kv_dtype == 3u) return fa3__go<DK, DV, ST8, __half, true>(a, maps, grid, st);
+  if (a->k.l.q_dtype == 1u) return fa3__go<DK, DV, ST, __nv_bfloat16, false>(a, maps, grid, st);
   return fa3__go<DK, DV, ST, __half, false>(a, maps, grid, st);
 }
 

@@ -17,13 +17,8 @@ extern "C" int fattn__fa3_available(void) {
   return avail;
 }
 
-extern "C" int fattn__fa3_supports(const fattn__layer_params *l) {
-  const uint32_t d = l->head_dim, dv = l->head_dim_v;
-  const int dims = (d == 64u || d == 96u || d == 128u || d == 192u || d == 256u) && (dv == d || (d == 192u && dv == 128u));
-  return dims && !l->mla && (l->q_dtype == 1u || l->q_dtype == 2u) &&
-         (l->kv_dtype == l->q_dtype || l->kv_dtype == 3u) && l->num_kv_heads > 0u &&
-         l->num_q_heads % l->num_kv_heads == 0u;
-}
+/* Every layer shape fa2 runs, MLA aside. */
+extern "C" int fattn__fa3_supports(const fattn__layer_params *l) { return fattn__fa2_supports(l) && !l->mla; }
 
 extern "C" int fattn__fa3_encode_maps(const fattn__layer_params *l, void *maps) {
   /* fp8 KV is gathered and widened by the producer: no maps. */
@@ -62,20 +57,10 @@ extern "C" int fattn__fa3_attend(fattn__layer_params l, fattn__step_params s, co
     return fattn__fa2_attend(l, s, q, out, lse, stream);
   if (s.cap_entries == 0u || s.cap_q_tokens == 0u || s.cap_tiles == 0u) return (int)cudaSuccess;
   fa3__args a;
-  a.l = l;
-  a.s = s;
-  a.q = q;
-  a.out = out;
-  a.lse = lse;
-  const float ks = l.kv_dtype == 3u ? l.k_scale : 1.f;
-  a.sl2 = l.scale * ks * FA2__LOG2E;
-  a.cap_mul = l.softcap > 0.f ? l.scale * ks / l.softcap : 0.f;
-  a.o_mul = l.kv_dtype == 3u ? l.v_scale : 1.f;
-  a.ps_shift = 0;
-  while ((1u << a.ps_shift) < l.page_size) a.ps_shift++;
+  a.k = fa2__args_for(l, s, q, out, lse);
   CUtensorMap none[2];
   const CUtensorMap *maps = (const CUtensorMap *)l.tmaps;
-  a.use_tma = maps != NULL && l.kv_dtype != 3u && l.page_size >= FA3__TMA_MIN_PAGE;
+  a.use_tma = maps != NULL; /* fattn__fa3_encode_maps makes them only where TMA serves */
   if (!a.use_tma) {
     memset(none, 0, sizeof none);
     maps = none;

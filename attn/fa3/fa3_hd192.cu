@@ -3,6 +3,6 @@
 #include "attn/fa3/fa3.h"
 
 int fa3__launch_hd192(const fa3__args *a, const CUtensorMap *maps, int grid, cudaStream_t st) {
-  if (a->l.head_dim_v == 128u) return fa3__launch<192, 128, 4, 3>(a, maps, grid, st);
+  if (a->k.l.head_dim_v == 128u) return fa3__launch<192, 128, 4, 3>(a, maps, grid, st);
   return fa3__launch<192, 192, 3, 3>(a, maps, grid, st);
 }

@@ -1,0 +1,43 @@
+/* pdl.h: programmatic dependent launch for fattn's kernels: a kernel may be launched while the
+ * kernel before it in the stream drains, and waits for that one before it touches memory. */
+#ifndef FATTN_ATTN_PDL_H
+#define FATTN_ATTN_PDL_H
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "attn/backend.h" /* fattn__pdl_on */
+
+#ifdef __CUDACC__
+/* First statement of every fattn kernel: wait for the grid before (all its writes visible), then
+ * let the next grid be launched, so its blocks are in place when this one ends. */
+__device__ __forceinline__ void fattn__pdl_enter() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+/* kernel<<<grid, block, smem, stream>>>(args...), allowed to overlap the stream's previous
+ * kernel where the device supports it (a captured graph keeps the edge as programmatic). */
+template <typename... P, typename... A>
+static inline cudaError_t fattn__launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                                        A &&...args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cfg.attrs = attr;
+  cfg.numAttrs = fattn__pdl_on() ? 1u : 0u;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
+  const cudaError_t last = cudaGetLastError(); /* read and cleared, as after <<<>>> */
+  return e != cudaSuccess ? e : last;
+}
+#endif
+
+#endif /* FATTN_ATTN_PDL_H */
