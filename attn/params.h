@@ -43,6 +43,7 @@ typedef struct fattn__step_params {
   uint32_t cap_q_tokens;        /* upper bound of hdr->num_q_tokens */
   uint32_t cap_new_tokens;      /* upper bound of hdr->num_new_tokens */
   uint32_t cap_tiles;           /* upper bound of hdr->num_tiles */
+  uint32_t max_splits;          /* the context's split bound (with cap_entries: decode blocks with work) */
   float *split_o;   /* [split_rows_cap, num_q_heads, head_dim_v] */
   float *split_lse; /* [split_rows_cap, num_q_heads] */
 } fattn__step_params;

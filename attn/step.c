@@ -24,6 +24,7 @@ static fattn__step_params step_params(fattn_ctx *ctx) {
   s.cap_q_tokens = st->cap_q_tokens;
   s.cap_new_tokens = st->cap_new_tokens;
   s.cap_tiles = st->cap_tiles;
+  s.max_splits = ctx->n.max_splits;
   uint8_t *ws = ctx->dev + ctx->lay.dev_off[FATTN_REGION_SPLIT_WORKSPACE];
   s.split_o = (float *)ws;
   s.split_lse = (float *)(ws + (uint64_t)ctx->lay.split_rows_cap * ctx->n.model.num_q_heads * ctx->n.head_dim_v * 4);

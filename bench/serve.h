@@ -35,7 +35,9 @@ typedef struct serve_result {
   double prefill_ms;
   double decode_eager_ms, decode_graph_ms; /* median per step */
   double kernel_sum_ms;                    /* sum of one decode step's kernel times */
-  double launch_host_us_bs256;             /* host time of fattn_graph_launch at bs 256 */
+  double launch_host_us_bs256;             /* host time of fattn_graph_launch at bs 256, device idle */
+  double launch_busy_us_bs256;             /* the same while the step before runs */
+  uint64_t launch_busy_waits;              /* staging waits during those launches */
   double spec_eager_ms[4], spec_graph_ms[4]; /* draft decode x steps, verify, draft extend, total */
   uint32_t sweep_n;
   uint32_t sweep_bs[SWEEP_MAX];

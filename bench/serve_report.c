@@ -64,7 +64,9 @@ void fattn_bench_report(serve *s, const serve_result *r) {
     printf("  graph replay / sum of kernel times (bs %u): %.3f / %.3f ms = %.3f (target <= 1.05)\n", p->batch,
            r->decode_graph_ms, r->kernel_sum_ms, r->decode_graph_ms / r->kernel_sum_ms);
     if (r->sweep_n) printf("  graph speed-up at bs 1: %.2fx (target >= 1.5)\n", r->sweep_eager_ms[0] / r->sweep_graph_ms[0]);
-    printf("  host plan + launch at bs 256: %.2f us (target <= 10)\n", r->launch_host_us_bs256);
+    printf("  host plan + launch at bs 256: %.2f us after an idle wait, %.2f us while the step before runs "
+           "(%llu staging waits) (target <= 10)\n",
+           r->launch_host_us_bs256, r->launch_busy_us_bs256, (unsigned long long)r->launch_busy_waits);
     plot(r);
   } else {
     printf("  graph targets need a CUDA device (this run was eager on the CPU backend)\n");

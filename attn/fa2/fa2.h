@@ -31,11 +31,13 @@ typedef struct fa2__args {
 
 /* Launchers per head-dim pair (attn/fa2/fa2_hd*.cu). kind 0: decode (GQA-packed, split-KV,
  * 16-row tiles), 1: prefill (query tile per q head), 2: decode with 32-row tiles for entries
- * of more than 16 packed rows (verify), so that a KV block feeds twice the rows; head dims
- * above 128 run kind 2 as kind 0. Return cudaError_t values. */
+ * of more than 16 packed rows (verify), so that a KV block feeds twice the rows, 3: decode
+ * with a deeper ring for grids of less than a wave; head dims above 128 run kinds 2 and 3 as
+ * kind 0, and fp8 KV runs kind 3 as kind 0. Return cudaError_t values. */
 #define FA2__KIND_DECODE 0
 #define FA2__KIND_PREFILL 1
 #define FA2__KIND_WIDE 2
+#define FA2__KIND_DEEP 3
 int fa2__launch_hd64(const fa2__args *a, int kind, dim3 grid, cudaStream_t st);
 /* Multiprocessors of the current device (read once; fa3 sizes its persistent grid by it). */
 int fa2__sm_count(void);
@@ -530,6 +532,12 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
 #ifndef FA2_DEC_MINB
 #define FA2_DEC_MINB 3
 #endif
+/* With less than a wave of blocks nothing else hides a block's stalls, and a third stage (2
+ * blocks an SM) measured +7-9% at bs 1 x 32768 where it lost 6-15% on full grids (perf.md,
+ * decode round 3). */
+#ifndef FA2_DEEP_ST
+#define FA2_DEEP_ST 3
+#endif
 #ifndef FA2_WIDE_NW
 #define FA2_WIDE_NW 2
 #endif
@@ -541,7 +549,7 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
 #endif
 
 template <int HD, int HDV, int MW, int NW, int BN, int ST, typename T, int KVT>
-__global__ void __launch_bounds__(MW * NW * 32, MW == 1 && NW > 1 && HD <= 128 ? FA2_DEC_MINB : 1) fa2__attn(const fa2__args a) {
+__global__ void __launch_bounds__(MW * NW * 32, MW == 1 && NW > 1 && HD <= 128 ? (ST == FA2_DEEP_ST ? 2 : FA2_DEC_MINB) : 1) fa2__attn(const fa2__args a) {
   fattn__pdl_enter();
   extern __shared__ __align__(16) char smem[];
   const fattn__step_hdr *hdr = a.s.hdr;
@@ -590,6 +598,10 @@ static int fa2__launch(const fa2__args *a, int kind, dim3 grid, cudaStream_t st)
   constexpr int WNW = FA2_WIDE_NW, WBN = FA2_WIDE_BN, WST = FA2_WIDE_ST;
   const bool bf = a->l.q_dtype == 1u, f8 = a->l.kv_dtype == 3u;
   if constexpr (HD <= 128) {
+    if (kind == FA2__KIND_DEEP && !f8) {
+      if (bf) return fa2__go<HD, HDV, 1, DNW, DBN, FA2_DEEP_ST, __nv_bfloat16, 1>(a, grid, st);
+      return fa2__go<HD, HDV, 1, DNW, DBN, FA2_DEEP_ST, __half, 2>(a, grid, st);
+    }
     if (kind == FA2__KIND_WIDE) {
       if (bf) return f8 ? fa2__go<HD, HDV, 2, WNW, WBN, WST, __nv_bfloat16, 3>(a, grid, st)
                         : fa2__go<HD, HDV, 2, WNW, WBN, WST, __nv_bfloat16, 1>(a, grid, st);

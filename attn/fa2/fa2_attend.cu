@@ -97,7 +97,10 @@ extern "C" int fattn__fa2_attend(fattn__layer_params l, fattn__step_params s, co
     if (s.cap_tiles == 0u) return (int)cudaSuccess;
     grid = dim3(s.cap_tiles, l.num_q_heads, 1u);
   }
-  const int kind = !decode ? FA2__KIND_PREFILL : wide ? FA2__KIND_WIDE : FA2__KIND_DECODE;
+  /* Blocks that can have work: grid.y covers every split an entry may get. */
+  const int deep = decode && !wide && grid.x * (s.max_splits < grid.y ? s.max_splits : grid.y) * grid.z <=
+                                          2u * (uint32_t)fa2__sm_count();
+  const int kind = !decode ? FA2__KIND_PREFILL : wide ? FA2__KIND_WIDE : deep ? FA2__KIND_DEEP : FA2__KIND_DECODE;
   int err;
   switch (l.head_dim) {
     case 64u: err = fa2__launch_hd64(&a, kind, grid, st); break;
