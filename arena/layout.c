@@ -59,6 +59,7 @@ static void heap_tables(const fattn__norm *n, const fattn__layout *lay, uint64_t
       (uint64_t)n->model.num_layers * sizeof(fattn_layer_opts),
       (uint64_t)n->staging_slots * sizeof(uint64_t), /* staging completion words */
       (uint64_t)(FATTN_MODE_COUNT + 1) * n->num_buckets * sizeof(fattn__graph_slot),
+      (uint64_t)(FATTN_MODE_COUNT + 1) * n->num_buckets * sizeof(fattn__mailbox), /* graph mailboxes */
       (uint64_t)n->model.num_layers * FATTN__TMAP_BYTES + FATTN__TMAP_ALIGN, /* fa3 tensor maps */
   };
   *bytes = 0;

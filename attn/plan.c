@@ -212,7 +212,27 @@ static uint64_t used_bytes(const fattn_ctx *ctx, const uint8_t *slot) {
   return h->num_page_copies ? ctx->lay.slot_off_words : ctx->lay.slot_off_updates;
 }
 
-/* On the GPU nothing is copied: the prep kernel reads the slot in place and frees it. */
+/* A graph's mailbox is free once the prep that read it has stored its slot's completion word
+ * (slots are reused only after that, so the word never passes a pending box's seq). */
+static fattn_status post_box(fattn_ctx *ctx, fattn__mailbox *box, const uint8_t *slot, uint32_t index,
+                             void *stream) {
+  if (box->seq && slot_done(ctx, box->index) < box->seq) {
+    ctx->staging_waits++;
+    while (slot_done(ctx, box->index) < box->seq) {
+      cudaError_t e = cudaStreamQuery((cudaStream_t)stream);
+      if (e != cudaSuccess && e != cudaErrorNotReady)
+        return fattn__fail(ctx, FATTN_ERR_CUDA, "graph mailbox: %s", cudaGetErrorString(e));
+    }
+  }
+  box->hdr = *(const fattn__step_hdr *)slot;
+  box->index = index;
+  box->num_words = staged_words(ctx, slot);
+  box->seq = ctx->ring_taken;
+  return FATTN_OK;
+}
+
+/* On the GPU nothing is copied: the prep kernel (a graph's own node, for a graph) reads the
+ * slot in place and frees it. */
 static fattn_status submit(fattn_ctx *ctx, uint8_t *slot, uint32_t index, const fattn__plan_target *t,
                            void *stream) {
   uint8_t *inbox = ctx->dev + ctx->lay.dev_off[FATTN_REGION_METADATA];
@@ -221,6 +241,7 @@ static fattn_status submit(fattn_ctx *ctx, uint8_t *slot, uint32_t index, const 
     fattn__prep_host(ctx, inbox, t);
     return FATTN_OK;
   }
+  if (t->box) return post_box(ctx, t->box, slot, index, stream);
   cudaError_t e = (cudaError_t)fattn__prep_launch(ctx, slot, index, ctx->ring_taken, staged_words(ctx, slot), t,
                                                   stream);
   if (e != cudaSuccess) return fattn__fail(ctx, FATTN_ERR_CUDA, "prep kernel: %s", cudaGetErrorString(e));
@@ -260,14 +281,15 @@ fattn_status fattn__plan_into(fattn_ctx *ctx, const fattn_batch *b, void *stream
   uint8_t *slot = NULL;
   uint32_t index = 0;
   ctx->step.planned = 0;
-  /* Changes beyond one slot's room go first, in slots that carry no entries. */
+  /* Changes beyond one slot's room go first, in slots that carry no entries; so do page
+   * copies bound for a graph, whose prep node launches no copy kernel. */
   while (1) {
     if ((st = take_slot(ctx, stream, &slot, &index))) return st;
     fattn__step_hdr *h = (fattn__step_hdr *)slot;
     fill_header(ctx, h, b->mode);
     stage_changes(ctx, slot, h);
-    if (ctx->pages.num_dirty == 0) break;
-    const fattn__plan_target inplace = {NULL, 0, 0};
+    if (ctx->pages.num_dirty == 0 && !(t->box && h->num_page_copies)) break;
+    const fattn__plan_target inplace = {NULL, 0, 0, NULL};
     if ((st = submit(ctx, slot, index, &inplace, stream))) return st;
   }
   fattn__step_hdr *h = (fattn__step_hdr *)slot;
@@ -302,6 +324,6 @@ fattn_status fattn__plan_into(fattn_ctx *ctx, const fattn_batch *b, void *stream
 }
 
 fattn_status fattn_plan(fattn_ctx *ctx, const fattn_batch *batch, void *stream) {
-  const fattn__plan_target eager = {NULL, 0, 0};
+  const fattn__plan_target eager = {NULL, 0, 0, NULL};
   return fattn__plan_into(ctx, batch, stream, &eager);
 }

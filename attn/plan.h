@@ -12,6 +12,7 @@ typedef struct fattn__plan_target {
   uint32_t cap_entries;  /* entries the area holds (0: the eager inbox's max); a graph's
                             batch is padded to it with entries that see nothing */
   uint32_t pad_q_len;    /* query tokens of a padding entry (its rows come out as zeros) */
+  fattn__mailbox *box;   /* a graph's mailbox: the slot is posted there, prep runs in the graph */
 } fattn__plan_target;
 
 /* Points the step at a metadata area of cap_entries entries, with the bounds that size the
@@ -27,6 +28,9 @@ fattn_status fattn__plan_into(fattn_ctx *ctx, const fattn_batch *batch, void *st
  * `seq` into the slot's completion word. A prep that fails to launch frees the slot itself. */
 int fattn__prep_launch(fattn_ctx *ctx, const uint8_t *slot, uint32_t index, uint64_t seq, uint32_t num_words,
                        const fattn__plan_target *target, void *stream);
+/* The prep node of a graph (captured into stream): the same work, for whichever slot the
+ * target's mailbox names when the graph replays. Page copies never go this way. */
+int fattn__prep_launch_boxed(fattn_ctx *ctx, const fattn__plan_target *target, void *stream);
 /* The same work on the host, for the CPU backend. */
 void fattn__prep_host(fattn_ctx *ctx, uint8_t *inbox, const fattn__plan_target *target);
 

@@ -23,9 +23,15 @@ typedef struct prep_args {
   uint32_t num_words;
   unsigned long long *done;   // the slot's completion word (device address of pinned memory)
   unsigned long long seq;
+  // A graph's prep: slot, header, words, done and seq come from the mailbox at replay.
+  const fattn__mailbox *box;  // NULL for an eager prep
+  const uint8_t *ring;        // [staging_slots][slot_bytes], device address
+  uint64_t slot_bytes;
+  unsigned long long *done_base; // [staging_slots]
 } prep_args;
 
 enum { PREP_THREADS = 1024, PREP_WARPS = PREP_THREADS / 32 };
+static_assert(sizeof(fattn__mailbox) % 16 == 0, "a mailbox is read as 16-byte words");
 
 /* Exclusive block-wide prefix sums of four counters; totals in tot. All threads call it. */
 __device__ void block_scan4(const unsigned long long v[4], unsigned long long ex[4], unsigned long long tot[4]) {
@@ -80,8 +86,20 @@ __device__ fattn__pt_update load_update(const uint8_t *updates, uint32_t i) {
 __global__ void __launch_bounds__(PREP_THREADS) prep_kernel(prep_args a) {
   fattn__pdl_enter(); /* the step before may still read the area this one writes */
   __shared__ fattn__pt_update s_up[PREP_THREADS];
+  __shared__ uint4 s_box[sizeof(fattn__mailbox) / 16];
+  const uint32_t tid = threadIdx.x;
+  if (a.box) { /* one round trip over the bus for everything the launch did not carry */
+    if (tid < sizeof(fattn__mailbox) / 16) s_box[tid] = __ldcv((const uint4 *)a.box + tid);
+    __syncthreads();
+    const fattn__mailbox *m = (const fattn__mailbox *)s_box;
+    a.hdr = m->hdr;
+    a.slot = a.ring + (uint64_t)m->index * a.slot_bytes;
+    a.done = a.done_base + m->index;
+    a.seq = m->seq;
+    a.num_words = m->num_words;
+  }
   const fattn__step_hdr h = a.hdr;
-  const uint32_t tid = threadIdx.x, n = h.num_entries, nu = h.num_pt_updates;
+  const uint32_t n = h.num_entries, nu = h.num_pt_updates;
   const uint8_t *se = a.slot + a.off_entries, *sup = a.slot + a.off_updates;
   const uint32_t *words = (const uint32_t *)(a.slot + a.off_words);
   fattn__entry x = {};
@@ -166,13 +184,11 @@ __global__ void copy_pages_kernel(const fattn__page_copy *c, uint32_t n, uint8_t
   }
 }
 
-extern "C" int fattn__prep_launch(fattn_ctx *ctx, const uint8_t *slot, uint32_t index, uint64_t seq,
-                                  uint32_t num_words, const fattn__plan_target *t, void *stream) {
-  cudaStream_t s = (cudaStream_t)stream;
+/* What every prep knows before it reads a slot: where things lie. */
+static prep_args args_for(fattn_ctx *ctx, const fattn__plan_target *t) {
   uint8_t *dev = ctx->dev, *inbox = dev + ctx->lay.dev_off[FATTN_REGION_METADATA];
   prep_args a;
-  a.hdr = *(const fattn__step_hdr *)slot;
-  a.slot = (const uint8_t *)fattn__pinned_dev(ctx, slot);
+  memset(&a, 0, sizeof a);
   a.meta = t->dst ? t->dst : inbox;
   a.off_entries = fattn__area_entries_off();
   a.slot_off_mask = fattn__area_mask_off(ctx->n.max_entries);
@@ -183,6 +199,25 @@ extern "C" int fattn__prep_launch(fattn_ctx *ctx, const uint8_t *slot, uint32_t 
   a.copies = (fattn__page_copy *)(inbox + ctx->lay.slot_off_copies);
   a.table = (uint32_t *)(dev + ctx->lay.dev_off[FATTN_REGION_PAGE_TABLE]);
   a.pages_per_seq = ctx->lay.pages_per_seq;
+  return a;
+}
+
+extern "C" int fattn__prep_launch_boxed(fattn_ctx *ctx, const fattn__plan_target *t, void *stream) {
+  prep_args a = args_for(ctx, t);
+  a.box = (const fattn__mailbox *)fattn__pinned_dev(ctx, t->box);
+  a.ring = (const uint8_t *)fattn__pinned_dev(ctx, ctx->ring);
+  a.slot_bytes = ctx->lay.slot_bytes;
+  a.done_base = (unsigned long long *)fattn__pinned_dev(ctx, ctx->done);
+  return (int)fattn__launch(prep_kernel, dim3(1), dim3(PREP_THREADS), 0, (cudaStream_t)stream, a);
+}
+
+extern "C" int fattn__prep_launch(fattn_ctx *ctx, const uint8_t *slot, uint32_t index, uint64_t seq,
+                                  uint32_t num_words, const fattn__plan_target *t, void *stream) {
+  cudaStream_t s = (cudaStream_t)stream;
+  uint8_t *dev = ctx->dev;
+  prep_args a = args_for(ctx, t);
+  a.hdr = *(const fattn__step_hdr *)slot;
+  a.slot = (const uint8_t *)fattn__pinned_dev(ctx, slot);
   a.num_words = num_words;
   a.done = (unsigned long long *)fattn__pinned_dev(ctx, &ctx->done[index]);
   a.seq = seq;

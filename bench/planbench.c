@@ -74,11 +74,11 @@ typedef struct graph_times {
   double plan_us, launch_us, slots, waits;
 } graph_times;
 
-typedef enum graph_how { GRAPH_FULL, GRAPH_LAUNCH_ONLY, GRAPH_SHORT_KV } graph_how;
+typedef enum graph_how { GRAPH_FULL, GRAPH_SHORT_KV } graph_how;
 
 /* Medians over idle calls (stream drained outside the timing): GRAPH_FULL as fattn_graph_launch
- * does it; GRAPH_LAUNCH_ONLY replays without a plan (the area keeps the last one); GRAPH_SHORT_KV
- * attends 64 slots a sequence, so that the replay before each call is short. */
+ * does it; GRAPH_SHORT_KV attends 64 slots a sequence, so that the replay before each call is
+ * short. A replay always follows its plan: the graph's prep node reads the slot plan posted. */
 static graph_times time_graph(fattn_ctx *ctx, uint32_t bs, uint32_t *ids, graph_how w, void *stream) {
   enum { RUNS = 201 };
   static double tp[RUNS], tl[RUNS];
@@ -106,7 +106,7 @@ static graph_times time_graph(fattn_ctx *ctx, uint32_t bs, uint32_t *ids, graph_
       }
     cudaStreamSynchronize((cudaStream_t)stream);
     double t0 = fattn_bench_now();
-    fattn_status st = w == GRAPH_LAUNCH_ONLY ? FATTN_OK : fattn__plan_into(ctx, &b, stream, &t);
+    fattn_status st = fattn__plan_into(ctx, &b, stream, &t);
     double t1 = fattn_bench_now();
     cudaError_t e = cudaGraphLaunch((cudaGraphExec_t)exec, (cudaStream_t)stream);
     double t2 = fattn_bench_now();
@@ -189,9 +189,9 @@ int fattn_bench_plan(int argc, char **argv) {
     }
     cudaMemset(g.q, 0, q_bytes), cudaMemset(g.k, 0, kv_bytes), cudaMemset(g.v, 0, kv_bytes);
     printf("\nDECODE, device idle before each call (stream drained outside the timing), median of 201\n");
-    printf("graph = plan_into + cudaGraphLaunch timed apart; launch-only: no plan; short-kv: kv_len 64\n");
-    printf("%6s %9s %12s %10s %9s %6s %6s %11s %13s %10s\n", "bs", "plan_us", "plan+launch", "g_plan_us",
-           "launch_us", "slots", "waits", "launch_only", "short_kv_l_us", "replay_ms");
+    printf("graph = plan_into + cudaGraphLaunch timed apart; short-kv: kv_len 64\n");
+    printf("%6s %9s %12s %10s %9s %6s %6s %13s %10s\n", "bs", "plan_us", "plan+launch", "g_plan_us",
+           "launch_us", "slots", "waits", "short_kv_l_us", "replay_ms");
     for (int s = 0; s < 3; s++) {
       if (fattn_graph_capture(ctx, FATTN_MODE_DECODE, sizes[s], layer_loop, &g)) {
         fprintf(stderr, "fattn_graph_capture: %s\n", fattn_detail(ctx));
@@ -200,11 +200,10 @@ int fattn_bench_plan(int argc, char **argv) {
       double plan = time_plan(ctx, FATTN_MODE_DECODE, sizes[s], ids, 0, PLAN_IDLE, stream, &waits);
       double both = time_plan(ctx, FATTN_MODE_DECODE, sizes[s], ids, 0, GRAPH_IDLE, stream, &waits);
       graph_times full = time_graph(ctx, sizes[s], ids, GRAPH_FULL, stream);
-      graph_times only = time_graph(ctx, sizes[s], ids, GRAPH_LAUNCH_ONLY, stream);
       graph_times shrt = time_graph(ctx, sizes[s], ids, GRAPH_SHORT_KV, stream);
       float ms = replay_ms(ctx, sizes[s], ids, stream);
-      printf("%6u %9.2f %12.2f %10.2f %9.2f %6.2f %6.2f %11.2f %13.2f %10.3f\n", sizes[s], plan, both, full.plan_us,
-             full.launch_us, full.slots, full.waits, only.launch_us, shrt.launch_us, (double)ms);
+      printf("%6u %9.2f %12.2f %10.2f %9.2f %6.2f %6.2f %13.2f %10.3f\n", sizes[s], plan, both, full.plan_us,
+             full.launch_us, full.slots, full.waits, shrt.launch_us, (double)ms);
     }
     cudaStreamDestroy(stream);
     cudaFree(g.q), cudaFree(g.out), cudaFree(g.k), cudaFree(g.v);

@@ -27,12 +27,15 @@ static fattn__graph_slot *slot_of(fattn_ctx *ctx, fattn_mode mode, uint32_t b) {
 fattn_status fattn__graphs_init(fattn_ctx *ctx) {
   size_t n = (size_t)(FATTN_MODE_COUNT + 1) * ctx->n.num_buckets;
   ctx->graphs = fattn__heap_alloc(ctx->heap, n * sizeof *ctx->graphs);
-  if (!ctx->graphs) return fattn__fail(ctx, FATTN_ERR_NOMEM, "graph table in the pinned slab");
+  fattn__mailbox *boxes = fattn__heap_alloc(ctx->heap, n * sizeof *boxes);
+  if (!ctx->graphs || !boxes) return fattn__fail(ctx, FATTN_ERR_NOMEM, "graph table in the pinned slab");
+  memset(boxes, 0, n * sizeof *boxes);
   uint8_t *area = ctx->dev + ctx->lay.dev_off[FATTN_REGION_GRAPH_STATIC];
   for (uint32_t mode = 1; mode <= FATTN_MODE_COUNT; mode++) {
     if (!(ctx->n.cfg.graph_modes & (1u << mode))) continue;
     for (uint32_t b = 0; b < ctx->n.num_buckets; b++) {
       fattn__graph_slot *g = slot_of(ctx, (fattn_mode)mode, b);
+      g->box = &boxes[(size_t)mode * ctx->n.num_buckets + b];
       g->area = area;
       g->requests = ctx->n.buckets[b];
       area += fattn__graph_area_bytes(&ctx->n, (fattn_mode)mode, g->requests);
@@ -79,13 +82,16 @@ fattn_status fattn_graph_capture(fattn_ctx *ctx, fattn_mode mode, uint32_t batch
   cudaStream_t s;
   cudaGraph_t graph = NULL;
   cudaGraphExec_t exec = NULL;
+  const fattn__plan_target t = {g->area, entries, q, g->box};
   cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
   if (e == cudaSuccess) {
     e = cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
     if (e == cudaSuccess) {
       ctx->detail[0] = '\0';
-      fn(user, s);
+      cudaError_t prep = (cudaError_t)fattn__prep_launch_boxed(ctx, &t, s); /* the graph's first node */
+      if (prep == cudaSuccess) fn(user, s);
       e = cudaStreamEndCapture(s, &graph);
+      if (e == cudaSuccess && prep != cudaSuccess) e = prep;
     }
     if (e == cudaSuccess) e = cudaGraphInstantiate(&exec, graph, 0);
     if (graph) cudaGraphDestroy(graph);
@@ -119,7 +125,7 @@ fattn_status fattn__graph_for(fattn_ctx *ctx, const fattn_batch *batch, void **e
                        batch->mode, g->requests);
   *exec = g->exec;
   *target = (fattn__plan_target){g->area, g->requests * entries_per_request(ctx, batch->mode),
-                                 q_per_entry(ctx, batch->mode)};
+                                 q_per_entry(ctx, batch->mode), g->box};
   return FATTN_OK;
 }
 
@@ -129,6 +135,9 @@ fattn_status fattn_graph_launch(fattn_ctx *ctx, const fattn_batch *batch, void *
   fattn_status st = fattn__graph_for(ctx, batch, &exec, &t);
   if (st || (st = fattn__plan_into(ctx, batch, stream, &t))) return st;
   cudaError_t e = cudaGraphLaunch((cudaGraphExec_t)exec, (cudaStream_t)stream);
-  if (e != cudaSuccess) return fattn__fail(ctx, FATTN_ERR_CUDA, "fattn_graph_launch: %s", cudaGetErrorString(e));
+  if (e != cudaSuccess) { /* no prep node will read the posted slot: free it here */
+    __atomic_store_n(&ctx->done[t.box->index], t.box->seq, __ATOMIC_RELEASE);
+    return fattn__fail(ctx, FATTN_ERR_CUDA, "fattn_graph_launch: %s", cudaGetErrorString(e));
+  }
   return FATTN_OK;
 }

@@ -112,11 +112,21 @@ typedef struct fattn__step {
 
 typedef struct fattn__heap fattn__heap;
 
+/* A graph bucket's mailbox (pinned): its prep node, captured once, finds here which staging
+ * slot this replay reads, so that a replay costs the host one launch, not two. */
+typedef struct fattn__mailbox {
+  fattn__step_hdr hdr; /* the slot's header, read once over the bus with the rest */
+  uint64_t seq;        /* the slot's use number + 1: stored in its completion word */
+  uint32_t index;      /* the staging slot */
+  uint32_t num_words;  /* page-table payload words in the slot */
+} fattn__mailbox;
+
 /* A captured graph of one (mode, bucket) and the static metadata area it reads. */
 typedef struct fattn__graph_slot {
   void *exec;        /* cudaGraphExec_t, NULL until captured */
   uint8_t *area;     /* [hdr][entries][mask rows] in the graph region */
   uint32_t requests; /* the bucket */
+  fattn__mailbox *box; /* pinned: the staging slot its next replay reads */
 } fattn__graph_slot;
 
 struct fattn_ctx {
