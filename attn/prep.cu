@@ -223,7 +223,7 @@ extern "C" int fattn__prep_launch(fattn_ctx *ctx, const uint8_t *slot, uint32_t 
   a.seq = seq;
   cudaError_t e = fattn__launch(prep_kernel, dim3(1), dim3(PREP_THREADS), 0, s, a);
   if (e != cudaSuccess) { /* nothing will read the slot */
-    __atomic_store_n(&ctx->done[index], seq, __ATOMIC_RELEASE);
+    fattn__slot_release(ctx, index, seq);
     return (int)e;
   }
   const uint32_t num_copies = a.hdr.num_page_copies;

@@ -136,7 +136,7 @@ fattn_status fattn_graph_launch(fattn_ctx *ctx, const fattn_batch *batch, void *
   if (st || (st = fattn__plan_into(ctx, batch, stream, &t))) return st;
   cudaError_t e = cudaGraphLaunch((cudaGraphExec_t)exec, (cudaStream_t)stream);
   if (e != cudaSuccess) { /* no prep node will read the posted slot: free it here */
-    __atomic_store_n(&ctx->done[t.box->index], t.box->seq, __ATOMIC_RELEASE);
+    fattn__slot_release(ctx, t.box->index, t.box->seq);
     return fattn__fail(ctx, FATTN_ERR_CUDA, "fattn_graph_launch: %s", cudaGetErrorString(e));
   }
   return FATTN_OK;

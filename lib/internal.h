@@ -192,6 +192,12 @@ static inline uint64_t fattn__area_mask_off(uint32_t cap_entries) {
   return fattn__align_up(fattn__area_entries_off() + (uint64_t)cap_entries * sizeof(fattn__entry), 16);
 }
 
+/* Frees staging slot i whose prep will never run (its launch failed): seq is what that prep
+ * would have stored into the slot's completion word. */
+static inline void fattn__slot_release(fattn_ctx *ctx, uint32_t i, uint64_t seq) {
+  __atomic_store_n(&ctx->done[i], seq, __ATOMIC_RELEASE);
+}
+
 /* A pinned-slab address as the device sees it. */
 static inline void *fattn__pinned_dev(const fattn_ctx *ctx, const void *host) {
   return ctx->pinned_dev + ((const uint8_t *)host - ctx->pinned);

@@ -530,9 +530,6 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
 #ifndef FA2_DEC_ST
 #define FA2_DEC_ST 2
 #endif
-#ifndef FA2_DEC_BN_F8
-#define FA2_DEC_BN_F8 FA2_DEC_BN
-#endif
 #ifndef FA2_DEC_MINB
 #define FA2_DEC_MINB 3
 #endif
@@ -598,7 +595,7 @@ static int fa2__go(const fa2__args *a, dim3 grid, cudaStream_t st) {
  * 128} x {bf16, fp16} x {same, fp8}. */
 template <int HD, int HDV>
 static int fa2__launch(const fa2__args *a, int kind, dim3 grid, cudaStream_t st) {
-  constexpr int DST = HD <= 128 ? FA2_DEC_ST : 2, PBN = HD <= 128 ? 64 : 32, DNW = FA2_DEC_NW, DBN = FA2_DEC_BN, DBN8 = FA2_DEC_BN_F8;
+  constexpr int DST = HD <= 128 ? FA2_DEC_ST : 2, PBN = HD <= 128 ? 64 : 32, DNW = FA2_DEC_NW, DBN = FA2_DEC_BN;
   constexpr int WNW = FA2_WIDE_NW, WBN = FA2_WIDE_BN, WST = FA2_WIDE_ST;
   const bool bf = a->l.q_dtype == 1u, f8 = a->l.kv_dtype == 3u;
   if constexpr (HD <= 128) {
@@ -614,9 +611,9 @@ static int fa2__launch(const fa2__args *a, int kind, dim3 grid, cudaStream_t st)
     }
   }
   if (kind != FA2__KIND_PREFILL) {
-    if (bf) return f8 ? fa2__go<HD, HDV, 1, DNW, DBN8, DST, __nv_bfloat16, 3>(a, grid, st)
+    if (bf) return f8 ? fa2__go<HD, HDV, 1, DNW, DBN, DST, __nv_bfloat16, 3>(a, grid, st)
                       : fa2__go<HD, HDV, 1, DNW, DBN, DST, __nv_bfloat16, 1>(a, grid, st);
-    return f8 ? fa2__go<HD, HDV, 1, DNW, DBN8, DST, __half, 3>(a, grid, st)
+    return f8 ? fa2__go<HD, HDV, 1, DNW, DBN, DST, __half, 3>(a, grid, st)
               : fa2__go<HD, HDV, 1, DNW, DBN, DST, __half, 2>(a, grid, st);
   }
   if (bf) return f8 ? fa2__go<HD, HDV, 4, 1, PBN, 2, __nv_bfloat16, 3>(a, grid, st)
