@@ -194,6 +194,54 @@ START_TEST(capture_that_syncs_or_allocates_fails) {
 }
 END_TEST
 
+/* Replays of one bucket launched back to back, nothing waited for between them: each replay's
+ * prep node must read the slot its own launch posted to the bucket's mailbox (a launch waits
+ * there until the previous replay's prep has run), so the last replay equals an eager step of
+ * the same batch made after it (same lengths, the same K and V stored into the same slots). */
+START_TEST(back_to_back_replays_share_a_mailbox) {
+  enum { BS = 4, REPS = 64 };
+  rig r;
+  open_rig(&r, MAXB, CAP);
+  ck_assert_ok(fattn_graph_capture(r.ctx, FATTN_MODE_DECODE, BS, layers, &r));
+  uint32_t ids[BS];
+  for (uint32_t i = 0; i < BS; i++) {
+    ck_assert_ok(fattn_seq_open(r.ctx, &ids[i]));
+    ck_assert_ok(fattn_seq_reserve(r.ctx, ids[i], 200 + 37 * i));
+  }
+  ck_assert_int_eq(fattn_test_gpu_randn(r.q, (size_t)CAP * HQ * D, FATTN_DTYPE_BF16, 1.0f, 41), 0);
+  ck_assert_int_eq(fattn_test_gpu_randn(r.k, (size_t)CAP * HKV * D, FATTN_DTYPE_BF16, 1.0f, 42), 0);
+  ck_assert_int_eq(fattn_test_gpu_randn(r.v, (size_t)CAP * HKV * D, FATTN_DTYPE_BF16, 1.0f, 43), 0);
+  ck_assert_int_eq(fattn_test_gpu_nan(r.out, (size_t)CAP * HQ * D, FATTN_DTYPE_BF16), 0);
+  ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
+  fattn_batch b = FATTN_BATCH_INIT;
+  b.num_seqs = BS, b.seq_ids = ids;
+  fattn_stats st0 = FATTN_STATS_INIT, st1 = FATTN_STATS_INIT;
+  ck_assert_ok(fattn_get_stats(r.ctx, &st0));
+  for (int rep = 0; rep < REPS; rep++) {
+    for (uint32_t i = 0; i < BS; i++) {
+      uint32_t len;
+      ck_assert_ok(fattn_seq_length(r.ctx, ids[i], &len));
+      ck_assert_ok(fattn_seq_reserve(r.ctx, ids[i], len + 1));
+    }
+    ck_assert_msg(fattn_graph_launch(r.ctx, &b, r.stream) == FATTN_OK, "%s", fattn_detail(r.ctx));
+  }
+  ck_assert_ok(fattn_get_stats(r.ctx, &st1));
+  ck_assert_uint_eq(st1.steps_planned - st0.steps_planned, REPS);
+  static uint16_t graph[BS * HQ * D], eager[BS * HQ * D];
+  static float graph_lse[BS * HQ], eager_lse[BS * HQ];
+  read_out(&r, graph, graph_lse, BS);
+  ck_assert_ok(fattn_plan(r.ctx, &b, r.stream));
+  layers(&r, r.stream);
+  read_out(&r, eager, eager_lse, BS);
+  ck_assert_uint_eq(fattn_test_count_nan(graph, (size_t)BS * HQ * D, FATTN_DTYPE_BF16), 0);
+  ck_assert_msg(memcmp(eager, graph, sizeof graph) == 0, "the last of %d back-to-back replays differs from eager", REPS);
+  ck_assert_msg(memcmp(eager_lse, graph_lse, sizeof graph_lse) == 0, "LSE of the last replay differs from eager");
+  for (uint32_t i = 0; i < BS; i++) ck_assert_ok(fattn_seq_close(r.ctx, ids[i]));
+  ck_assert_ok(fattn_check(r.ctx));
+  close_rig(&r);
+}
+END_TEST
+
 /* Every default bucket (1, 2, 4, 8, 12, 16, 24, 32, then every 8 up to 256: 36) of every graph
  * mode captures in global mode at max_batch 256; a size past max_batch is refused; the memory
  * plan reports each mode's graph memory. */
@@ -224,4 +272,4 @@ START_TEST(capture_every_default_bucket) {
 END_TEST
 
 FATTN_SUITE("gpu_graph", FATTN_TEST_GPU, replay_equals_eager_every_mode, capture_that_syncs_or_allocates_fails,
-            capture_every_default_bucket)
+            back_to_back_replays_share_a_mailbox, capture_every_default_bucket)
