@@ -149,20 +149,26 @@ static uint64_t slot_done(const fattn_ctx *ctx, uint32_t i) {
   return __atomic_load_n(&ctx->done[i], __ATOMIC_ACQUIRE);
 }
 
+/* Waits until slot i's completion word reaches seq. Waiting is back-pressure (counted);
+ * polling the caller's stream meanwhile surfaces a dead context. */
+static fattn_status wait_done(fattn_ctx *ctx, uint32_t i, uint64_t seq, void *stream) {
+  if (slot_done(ctx, i) >= seq) return FATTN_OK;
+  ctx->staging_waits++;
+  while (slot_done(ctx, i) < seq) {
+    cudaError_t e = cudaStreamQuery((cudaStream_t)stream);
+    if (e != cudaSuccess && e != cudaErrorNotReady)
+      return fattn__fail(ctx, FATTN_ERR_CUDA, "staging slot %u: %s", i, cudaGetErrorString(e));
+  }
+  return FATTN_OK;
+}
+
 /* A free staging slot. Use n of the ring goes to slot n % slots, so the slot is free once
- * use n - slots has stored its completion word. When the GPU is a whole ring behind, waiting
- * is back-pressure (counted); polling the caller's stream meanwhile surfaces a dead context. */
+ * use n - slots has stored its completion word (the GPU being a whole ring behind waits). */
 static fattn_status take_slot(fattn_ctx *ctx, void *stream, uint8_t **slot, uint32_t *index) {
   const uint32_t i = ctx->ring_next, slots = ctx->n.staging_slots;
   const uint64_t use = ctx->ring_taken;
-  if (!ctx->n.on_cpu && use >= slots && slot_done(ctx, i) < use - slots + 1) {
-    ctx->staging_waits++;
-    while (slot_done(ctx, i) < use - slots + 1) {
-      cudaError_t e = cudaStreamQuery((cudaStream_t)stream);
-      if (e != cudaSuccess && e != cudaErrorNotReady)
-        return fattn__fail(ctx, FATTN_ERR_CUDA, "staging slot %u: %s", i, cudaGetErrorString(e));
-    }
-  }
+  fattn_status st;
+  if (!ctx->n.on_cpu && use >= slots && (st = wait_done(ctx, i, use - slots + 1, stream))) return st;
   ctx->ring_next = (i + 1) % slots;
   ctx->ring_taken = use + 1;
   *slot = ctx->ring + (uint64_t)i * ctx->lay.slot_bytes;
@@ -216,14 +222,8 @@ static uint64_t used_bytes(const fattn_ctx *ctx, const uint8_t *slot) {
  * (slots are reused only after that, so the word never passes a pending box's seq). */
 static fattn_status post_box(fattn_ctx *ctx, fattn__mailbox *box, const uint8_t *slot, uint32_t index,
                              void *stream) {
-  if (box->seq && slot_done(ctx, box->index) < box->seq) {
-    ctx->staging_waits++;
-    while (slot_done(ctx, box->index) < box->seq) {
-      cudaError_t e = cudaStreamQuery((cudaStream_t)stream);
-      if (e != cudaSuccess && e != cudaErrorNotReady)
-        return fattn__fail(ctx, FATTN_ERR_CUDA, "graph mailbox: %s", cudaGetErrorString(e));
-    }
-  }
+  fattn_status st;
+  if (box->seq && (st = wait_done(ctx, box->index, box->seq, stream))) return st;
   box->hdr = *(const fattn__step_hdr *)slot;
   box->index = index;
   box->num_words = staged_words(ctx, slot);
