@@ -112,8 +112,9 @@ fattn_status fattn__layout_compute(const fattn__norm *n, fattn__layout *lay,
   rb[FATTN_REGION_V_POOL] = mul4(lay->v_layer_bytes, m->num_layers, 1, 1, &ok);
   rb[FATTN_REGION_PAGE_TABLE] = fattn__align_up(mul4(n->max_seqs, pps, 4, 1, &ok), FATTN__ALIGN);
   rb[FATTN_REGION_METADATA] = lay->slot_bytes;
+  /* partial O and LSE of every split row, then fa3's two tile-scheduler words */
   rb[FATTN_REGION_SPLIT_WORKSPACE] = fattn__align_up(
-      mul4(lay->split_rows_cap, m->num_q_heads, (uint64_t)n->head_dim_v + 1, 4, &ok), FATTN__ALIGN);
+      mul4(lay->split_rows_cap, m->num_q_heads, (uint64_t)n->head_dim_v + 1, 4, &ok) + 8u, FATTN__ALIGN);
   for (uint32_t mode = 1; mode <= FATTN_MODE_COUNT; mode++) {
     if (!(c->graph_modes & (1u << mode))) continue;
     uint64_t sum = 0;

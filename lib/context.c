@@ -178,14 +178,17 @@ static fattn_status copy_model(fattn_ctx *ctx, const fattn_model *model, char *d
   uint8_t *sinks = ctx->dev + ctx->lay.dev_off[FATTN_REGION_MODEL];
   uint8_t *table = ctx->dev + ctx->lay.dev_off[FATTN_REGION_PAGE_TABLE];
   uint64_t table_bytes = ctx->report.region_bytes[FATTN_REGION_PAGE_TABLE];
+  uint8_t *ws = ctx->dev + ctx->lay.dev_off[FATTN_REGION_SPLIT_WORKSPACE]; /* scheduler words start at 0 */
+  uint64_t ws_bytes = ctx->report.region_bytes[FATTN_REGION_SPLIT_WORKSPACE];
   if (ctx->n.on_cpu) {
     if (model->sinks) memcpy(sinks, model->sinks, (size_t)L * H * sizeof(float));
     memset(table, 0xff, table_bytes);
+    memset(ws, 0, ws_bytes);
     return FATTN_OK;
   }
   if ((model->sinks && cudaMemcpy(sinks, model->sinks, (size_t)L * H * sizeof(float),
                                   cudaMemcpyHostToDevice) != cudaSuccess) ||
-      cudaMemset(table, 0xff, table_bytes) != cudaSuccess)
+      cudaMemset(table, 0xff, table_bytes) != cudaSuccess || cudaMemset(ws, 0, ws_bytes) != cudaSuccess)
     return FAIL(FATTN_ERR_CUDA, "initialising the device tables: %s", cudaGetErrorString(cudaGetLastError()));
   return FATTN_OK;
 }

@@ -155,7 +155,7 @@ template <int DK, int DV, int ST, bool F8> struct fa3__cfg {
   static constexpr int V_BYTES = SV * KV_SLAB;
   static constexpr int STAGE = K_BYTES + V_BYTES;
   static constexpr int RAW = F8 ? BN * (DK + DV) : 0; /* fp8 rows as loaded: [BN][DK], [BN][DV] */
-  static constexpr int BARS = 3 * ST * 8;
+  static constexpr int BARS = 3 * ST * 8 + 4 * 8 + 8; /* stages, then the work ring's 4 and its 2 words */
   static constexpr int SMEM = 1024 + 2 * Q_WG + ST * STAGE + RAW + BARS;
   /* Registers a thread of the producer and of each consumer (setmaxnreg; P + 2 C <= 512): at
    * d 192 the producer's TMA lanes spill at 40 and the consumers fit in 224 (ptxas -v). */
@@ -197,11 +197,44 @@ __device__ __forceinline__ bool fa3__tile_of(const fa3__args &a, uint32_t w, uin
   return true;
 }
 
+/* ---- the tile scheduler: work items go to blocks as they free up (an atomic counter after
+ * each block's first item), so a block that drew short causal tiles takes more of them. The
+ * producer runs stages ahead of the consumers, so a claim's round trip hides behind the last
+ * tile's final stages. The producer's thread 0 claims each item and hands it to the consumers through a ring of two
+ * words (sched: [full 0, full 1, empty 0, empty 1] mbarriers). */
+static __device__ __noinline__ uint32_t fa3__claim(const fa3__args &a, uint32_t k, uint32_t work, uint32_t num_tiles) {
+  const uint32_t qh = a.k.l.num_q_heads, n = a.k.s.hdr->num_entries;
+  for (uint32_t w = k ? gridDim.x + atomicAdd(a.k.s.tile_counter, 1u) : blockIdx.x;;
+       w = gridDim.x + atomicAdd(a.k.s.tile_counter, 1u)) {
+    if (w >= work) return w;
+    const uint32_t b = num_tiles - 1u - w / qh; /* as fa3__tile_of: a whole tile starts on an even local index */
+    if (((b - a.k.s.entries[fa2__find(a.k.s.entries, n, b, 1)].tile_start) & 1u) == 0u) return w;
+  }
+}
+/* The last block to finish puts both words back to 0 for the next launch: by then every
+ * block has made its last claim. */
+__device__ __forceinline__ void fa3__retire(uint32_t *counter) {
+  __threadfence();
+  if (atomicAdd(counter + 1, 1u) == gridDim.x - 1u) {
+    counter[0] = 0u;
+    counter[1] = 0u;
+  }
+}
+/* A consumer warp takes the k-th item from the ring and frees its word. */
+__device__ __forceinline__ uint32_t fa3__take(uint64_t *sched, uint32_t k) {
+  fa3__wait(&sched[k & 1u], (k >> 1) & 1u);
+  const uint32_t w = ((const uint32_t *)(sched + 4))[k & 1u];
+  __syncwarp();
+  if (threadIdx.x % 32u == 0u) fa3__arrive(&sched[2u + (k & 1u)]);
+  return w;
+}
+
 /* ---- producer warpgroup: fills the K and V stages, by TMA where the tile sits in one page
  * and is all inside the sequence, else by a cp.async gather (zeros past the range). */
 template <int DK, int DV, int ST, bool F8>
 __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorMap *tk, const CUtensorMap *tv,
-                                             char *kv, char *raw, uint64_t *full_k, uint64_t *full_v, uint64_t *empty) {
+                                             char *kv, char *raw, uint64_t *full_k, uint64_t *full_v, uint64_t *empty,
+                                             uint64_t *sched, uint32_t *ring) {
   using C = fa3__cfg<DK, DV, ST, F8>;
   constexpr int BN = C::BN, EB = F8 ? 1 : 2; /* bytes an element as stored */
   constexpr int CK = DK * EB / 16, CV = DV * EB / 16; /* 16-byte chunks a row as loaded */
@@ -210,9 +243,18 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
   const uint32_t psm = (1u << a.k.ps_shift) - 1u, num_tiles = a.k.s.hdr->num_tiles;
   const uint32_t work = a.k.s.hdr->num_entries ? num_tiles * a.k.l.num_q_heads : 0u;
   uint32_t it = 0;
-  for (uint32_t w = blockIdx.x; w < work; w += gridDim.x) {
+  for (uint32_t k = 0;; k++) {
+    if (tid == 0u) {
+      const uint32_t w = fa3__claim(a, k, work, num_tiles);
+      fa3__wait(&sched[2u + (k & 1u)], ((k >> 1) & 1u) ^ 1u);
+      ring[k & 1u] = w;
+      fa3__arrive(&sched[k & 1u]);
+    }
+    fa3__sync(1, 128);
+    const uint32_t cur = ring[k & 1u]; /* the word is rewritten two items later, after this barrier's next use */
+    if (cur >= work) break;
     fa3__tile t;
-    if (!fa3__tile_of<BN>(a, w, num_tiles, &t)) continue;
+    fa3__tile_of<BN>(a, cur, num_tiles, &t);
     const uint32_t kvh = t.hq / G;
     const int32_t *pt = a.k.l.page_table + (size_t)t.e.seq * a.k.l.pages_per_seq;
     for (uint32_t blk = 0; blk < t.nblk; blk++, it++) {
@@ -301,12 +343,13 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
       }
     }
   }
+  if (tid == 0u) fa3__retire(a.k.s.tile_counter);
 }
 
 /* ---- consumer warpgroup c: 64 query rows of each tile; S = Q K^T and O += P V by wgmma. */
 template <int DK, int DV, int ST, typename T, bool F8, typename SM>
 __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs, char *kv, uint64_t *full_k,
-                                             uint64_t *full_v, uint64_t *empty) {
+                                             uint64_t *full_v, uint64_t *empty, uint64_t *sched) {
   using C = fa3__cfg<DK, DV, ST, F8>;
   constexpr int BN = C::BN, CH = DK / 8;
   const fattn__layer_params &l = a.k.l;
@@ -316,9 +359,11 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs
   const uint32_t work = a.k.s.hdr->num_entries ? num_tiles * l.num_q_heads : 0u;
   uint32_t it = 0;
   if (c == 1) fa3__arrive_bar(4, 256); /* consumer 0 takes the first turn */
-  for (uint32_t w = blockIdx.x; w < work; w += gridDim.x) {
+  for (uint32_t k = 0;; k++) {
+    const uint32_t w = fa3__take(sched, k); /* a whole tile: the producer skipped halves */
+    if (w >= work) break;
     fa3__tile t;
-    if (!fa3__tile_of<BN>(a, w, num_tiles, &t)) continue;
+    fa3__tile_of<BN>(a, w, num_tiles, &t);
     const uint32_t R0 = t.R0 + 64u * (uint32_t)c, prefix = t.e.kv_len - t.e.q_len;
     const bool rows = R0 < t.e.q_len;
     const uint32_t last = rows ? min(R0 + 63u, t.e.q_len - 1u) : R0;
@@ -536,12 +581,17 @@ __global__ void __launch_bounds__(384, 1)
   extern __shared__ __align__(16) char smem_raw[];
   char *smem = (char *)(((uintptr_t)smem_raw + 1023u) & ~(uintptr_t)1023u); /* swizzle atoms */
   char *qs = smem, *kv = smem + 2 * C::Q_WG, *raw = kv + ST * C::STAGE;
-  uint64_t *full_k = (uint64_t *)(raw + C::RAW), *full_v = full_k + ST, *empty = full_v + ST;
+  uint64_t *full_k = (uint64_t *)(raw + C::RAW), *full_v = full_k + ST, *empty = full_v + ST, *sched = empty + ST;
+  uint32_t *ring = (uint32_t *)(sched + 4);
   if (threadIdx.x == 0) {
     for (int s = 0; s < ST; s++) {
       fa3__bar_init(&full_k[s], 1);
       fa3__bar_init(&full_v[s], 1);
       fa3__bar_init(&empty[s], 8); /* one arrive a consumer warp */
+    }
+    for (int s = 0; s < 2; s++) {
+      fa3__bar_init(&sched[s], 1);
+      fa3__bar_init(&sched[2 + s], 8);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -549,10 +599,10 @@ __global__ void __launch_bounds__(384, 1)
   const int wg = (int)(threadIdx.x / 128u);
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::P_REGS));
-    fa3__produce<DK, DV, ST, F8>(a, &tk, &tv, kv, raw, full_k, full_v, empty);
+    fa3__produce<DK, DV, ST, F8>(a, &tk, &tv, kv, raw, full_k, full_v, empty, sched, ring);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::C_REGS));
-    fa3__consume<DK, DV, ST, T, F8, SM>(a, wg - 1, qs + (wg - 1) * C::Q_WG, kv, full_k, full_v, empty);
+    fa3__consume<DK, DV, ST, T, F8, SM>(a, wg - 1, qs + (wg - 1) * C::Q_WG, kv, full_k, full_v, empty, sched);
   }
 }
 
