@@ -224,6 +224,31 @@ static double launch_while_busy(serve *s, const fattn_batch *b, uint64_t *waits)
   return median(t, 21);
 }
 
+/* Host microseconds to issue one decode step of bs requests (eager: plan and every layer's
+ * calls; graph: fattn_graph_launch), the device idle before each: median of 21. */
+static double host_issue_us(serve *s, uint32_t *ids, uint32_t bs, int graph) {
+  double t[21];
+  fattn_batch b = FATTN_BATCH_INIT;
+  b.num_seqs = bs;
+  b.seq_ids = ids;
+  s->tokens = bs;
+  for (int i = 0; i < 21; i++) {
+    grow(s, ids, bs, 1);
+    cudaStreamSynchronize(s->stream);
+    double t0 = fattn_bench_now();
+    if (graph) {
+      check(fattn_graph_launch(s->ctx, &b, s->stream), s, "fattn_graph_launch");
+    } else {
+      check(fattn_plan(s->ctx, &b, s->stream), s, "fattn_plan");
+      fattn_bench_layer_loop(s, s->stream);
+      check(s->failed, s, "layer loop");
+    }
+    t[i] = (fattn_bench_now() - t0) * 1e6;
+  }
+  cudaStreamSynchronize(s->stream);
+  return median(t, 21);
+}
+
 void fattn_bench_batch_sweep(serve *s, serve_result *r) {
   static const uint32_t sizes[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
   uint32_t ids[256];
@@ -237,20 +262,12 @@ void fattn_bench_batch_sweep(serve *s, serve_result *r) {
     r->sweep_eager_ms[k] = decode_steps(s, ids, bs, 16, 0);
     fattn_bench_capture(s, FATTN_MODE_DECODE, bs, bs, s->layers);
     r->sweep_graph_ms[k] = decode_steps(s, ids, bs, 16, 1);
-    if (bs == 256) { /* host side of plan + launch, the device idle before each */
-      double t[21];
+    if (bs == 1) r->eager_issue_us_bs1 = host_issue_us(s, ids, bs, 0);
+    if (bs == 256) { /* host side of plan + launch */
+      r->launch_host_us_bs256 = host_issue_us(s, ids, bs, 1);
       fattn_batch b = FATTN_BATCH_INIT;
       b.num_seqs = bs;
       b.seq_ids = ids;
-      for (int i = 0; i < 21; i++) {
-        grow(s, ids, bs, 1);
-        cudaStreamSynchronize(s->stream);
-        double t0 = fattn_bench_now();
-        check(fattn_graph_launch(s->ctx, &b, s->stream), s, "fattn_graph_launch");
-        t[i] = (fattn_bench_now() - t0) * 1e6;
-      }
-      cudaStreamSynchronize(s->stream);
-      r->launch_host_us_bs256 = median(t, 21);
       r->launch_busy_us_bs256 = launch_while_busy(s, &b, &r->launch_busy_waits);
     }
     printf("  bs %3u: eager %.3f ms, graph %.3f ms (%.2fx)\n", bs, r->sweep_eager_ms[k], r->sweep_graph_ms[k],

@@ -157,8 +157,10 @@ template <int DK, int DV, int ST, bool F8> struct fa3__cfg {
   static constexpr int RAW = F8 ? BN * (DK + DV) : 0; /* fp8 rows as loaded: [BN][DK], [BN][DV] */
   static constexpr int BARS = 3 * ST * 8 + 4 * 8 + 8; /* stages, then the work ring's 4 and its 2 words */
   static constexpr int SMEM = 1024 + 2 * Q_WG + ST * STAGE + RAW + BARS;
-  /* Registers a thread of the producer and of each consumer (setmaxnreg; P + 2 C <= 512): at
-   * d 192 the producer's TMA lanes spill at 40 and the consumers fit in 224 (ptxas -v). */
+  /* Registers a thread of the producer and of each consumer (setmaxnreg). P + 2 C <= 504, the
+   * 168 a thread the launch gave each warpgroup: consumers asking for more than the producer
+   * freed wait forever (v8b hung at 48 + 2 x 232). At d 192 the producer's TMA lanes spill
+   * at 40 and the consumers fit in 224 (ptxas -v). */
   static constexpr int P_REGS = DK == 192 ? 56 : 40, C_REGS = DK == 192 ? 224 : 232;
   static_assert(SMEM <= 227 * 1024, "shared memory");
 };
