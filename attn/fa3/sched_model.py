@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 # sched_model.py: a model of fa3's persistent grid (docs/perf.md, v8): how evenly 132 blocks
-# share the FA3-paper prefill shapes under the static walk and under claim-as-you-free.
+# share the FA3-paper prefill shapes and varlen causal batches, statically and claimed.
 import heapq
+import random
 
 BLOCKS = 132
 
@@ -38,6 +39,19 @@ def claim_as_free(costs):
     return max(t for t, _ in heap)
 
 
+def varlen_items(lens, d=128):
+    """Causal items of a varlen batch in kernel order (entries from the last, each entry's
+    tiles with most KV first; the empty halves left out)."""
+    heads, bn = 2048 // d, 128 if d <= 128 else 64
+    tiles = [(L, loc) for L in lens for loc in range((L + 63) // 64)]
+    out = []
+    for w in range(len(tiles) * heads):
+        L, loc = tiles[len(tiles) - 1 - w // heads]
+        if not loc & 1:
+            out.append((min((loc // 2 + 1) * 128, L) + bn - 1) // bn + 1.0)
+    return out
+
+
 for d in (64, 128, 256):
     for seq in (512, 1024, 2048, 4096, 8192, 16384):
         for causal in (1, 0):
@@ -45,3 +59,10 @@ for d in (64, 128, 256):
             even = sum(c) / BLOCKS
             print(f"d {d:3} seq {seq:5} {'causal    ' if causal else 'non-causal'} "
                   f"static {even / static_walk(c):.2f}  claimed {even / claim_as_free(c):.2f}")
+
+rng = random.Random(1)
+for name, lens in (("16k + 8 x 512", [16384] + [512] * 8), ("8 x 512 + 16k", [512] * 8 + [16384]),
+                   ("12 random in 200-8k", [rng.randint(200, 8192) for _ in range(12)])):
+    c = varlen_items(lens)
+    even = sum(c) / BLOCKS
+    print(f"varlen causal d 128, {name:20} static {even / static_walk(c):.2f}  claimed {even / claim_as_free(c):.2f}")
