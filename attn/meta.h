@@ -16,8 +16,11 @@
 #define FATTN__PAGE_NONE 0xFFFFFFFFu
 /* Query tile the prep routine counts tiles in (kernels may use multiples of it). */
 #define FATTN__Q_TILE 64u
-/* A split covers a multiple of this many KV slots. */
+/* A split covers a multiple of this many KV slots (a multiple of the decode tile's 64;
+ * overridable like FATTN__SPLIT_MIN_KV below, for benchmark variants). */
+#ifndef FATTN__SPLIT_ALIGN
 #define FATTN__SPLIT_ALIGN 128u
+#endif
 /* Split rows available per allowed split (workspace size = max_splits * this). */
 #define FATTN__SPLIT_ROWS_PER_SPLIT 64u
 /* A split-KV entry gets at most one split per this many KV slots. Overridable at build time
