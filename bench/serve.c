@@ -73,9 +73,7 @@ double fattn_bench_timer_ms(serve *s, double t0) {
   return ms;
 }
 
-double fattn_bench_step(serve *s, const fattn_batch *b, uint32_t tokens, int graph) {
-  double t0 = fattn_bench_timer_start(s);
-  s->tokens = tokens;
+void fattn_bench_issue(serve *s, const fattn_batch *b, int graph) {
   if (graph) {
     die(s, fattn_graph_launch(s->ctx, b, s->stream), "fattn_graph_launch");
   } else {
@@ -83,6 +81,12 @@ double fattn_bench_step(serve *s, const fattn_batch *b, uint32_t tokens, int gra
     fattn_bench_layer_loop(s, s->stream);
     die(s, s->failed, "layer loop");
   }
+}
+
+double fattn_bench_step(serve *s, const fattn_batch *b, uint32_t tokens, int graph) {
+  double t0 = fattn_bench_timer_start(s);
+  s->tokens = tokens;
+  fattn_bench_issue(s, b, graph);
   return fattn_bench_timer_ms(s, t0);
 }
 

@@ -52,7 +52,9 @@ int fattn_bench_mix(const void *out, void *q, void *k, void *v, uint32_t tokens,
 void fattn_bench_layer_loop(void *user, void *stream);
 double fattn_bench_timer_start(serve *s);
 double fattn_bench_timer_ms(serve *s, double t0);
-/* One step of batch b: plan + layer loop eagerly, or fattn_graph_launch. Milliseconds. */
+/* Issues one step of batch b (plan + layer loop eagerly, or fattn_graph_launch); no wait. */
+void fattn_bench_issue(serve *s, const fattn_batch *b, int graph);
+/* The same step, timed on the stream. Milliseconds. */
 double fattn_bench_step(serve *s, const fattn_batch *b, uint32_t tokens, int graph);
 void fattn_bench_capture(serve *s, fattn_mode mode, uint32_t bs, uint32_t tokens, uint32_t layers);
 

@@ -30,6 +30,15 @@ static void grow(serve *s, const uint32_t *ids, uint32_t n, uint32_t by) {
   }
 }
 
+/* A DECODE step of the n sequences ids. */
+static fattn_batch decode_batch(const uint32_t *ids, uint32_t n) {
+  fattn_batch b = FATTN_BATCH_INIT;
+  b.mode = FATTN_MODE_DECODE;
+  b.num_seqs = n;
+  b.seq_ids = ids;
+  return b;
+}
+
 static void open_seqs(serve *s, uint32_t *ids, uint32_t n) {
   for (uint32_t i = 0; i < n; i++) check(fattn_seq_open(s->ctx, &ids[i]), s, "fattn_seq_open");
 }
@@ -54,10 +63,7 @@ static double prefill(serve *s, const uint32_t *ids, uint32_t n, uint32_t len) {
 
 static double decode_steps(serve *s, const uint32_t *ids, uint32_t n, uint32_t steps, int graph) {
   double *t = malloc(steps * sizeof *t);
-  fattn_batch b = FATTN_BATCH_INIT;
-  b.mode = FATTN_MODE_DECODE;
-  b.num_seqs = n;
-  b.seq_ids = ids;
+  const fattn_batch b = decode_batch(ids, n);
   for (uint32_t i = 0; i < steps; i++) {
     grow(s, ids, n, 1);
     t[i] = fattn_bench_step(s, &b, n, graph);
@@ -105,9 +111,7 @@ void fattn_bench_one_batch(serve *s, serve_result *r) {
   printf("  prefill: %.3f ms\n", r->prefill_ms);
   if (s->gpu) fattn_bench_capture(s, FATTN_MODE_DECODE, n, n, s->layers);
   double *te = malloc(steps * sizeof *te), *tg = malloc(steps * sizeof *tg);
-  fattn_batch b = FATTN_BATCH_INIT;
-  b.num_seqs = n;
-  b.seq_ids = ids;
+  const fattn_batch b = decode_batch(ids, n);
   for (uint32_t i = 0; i < steps; i++) {
     grow(s, ids, n, 1);
     te[i] = fattn_bench_step(s, &b, n, 0);
@@ -199,7 +203,8 @@ void fattn_bench_spec_round(serve *s, serve_result *r) {
 /* Host time of fattn_graph_launch as a serving loop sees it: the step before is still on the
  * device and the host spins (as a busy scheduler would) until the one before that is done, so
  * one step runs while the next is planned. Staging waits are counted: they must stay 0. */
-static double launch_while_busy(serve *s, const fattn_batch *b, uint64_t *waits) {
+static double launch_while_busy(serve *s, const uint32_t *ids, uint32_t bs, uint64_t *waits) {
+  const fattn_batch batch = decode_batch(ids, bs), *b = &batch;
   double t[21];
   cudaEvent_t ev[2];
   for (int i = 0; i < 2; i++) cudaEventCreateWithFlags(&ev[i], cudaEventDisableTiming);
@@ -226,23 +231,15 @@ static double launch_while_busy(serve *s, const fattn_batch *b, uint64_t *waits)
 
 /* Host microseconds to issue one decode step of bs requests (eager: plan and every layer's
  * calls; graph: fattn_graph_launch), the device idle before each: median of 21. */
-static double host_issue_us(serve *s, uint32_t *ids, uint32_t bs, int graph) {
+static double host_issue_us(serve *s, const uint32_t *ids, uint32_t bs, int graph) {
   double t[21];
-  fattn_batch b = FATTN_BATCH_INIT;
-  b.num_seqs = bs;
-  b.seq_ids = ids;
+  const fattn_batch b = decode_batch(ids, bs);
   s->tokens = bs;
   for (int i = 0; i < 21; i++) {
     grow(s, ids, bs, 1);
     cudaStreamSynchronize(s->stream);
     double t0 = fattn_bench_now();
-    if (graph) {
-      check(fattn_graph_launch(s->ctx, &b, s->stream), s, "fattn_graph_launch");
-    } else {
-      check(fattn_plan(s->ctx, &b, s->stream), s, "fattn_plan");
-      fattn_bench_layer_loop(s, s->stream);
-      check(s->failed, s, "layer loop");
-    }
+    fattn_bench_issue(s, &b, graph);
     t[i] = (fattn_bench_now() - t0) * 1e6;
   }
   cudaStreamSynchronize(s->stream);
@@ -265,10 +262,7 @@ void fattn_bench_batch_sweep(serve *s, serve_result *r) {
     if (bs == 1) r->eager_issue_us_bs1 = host_issue_us(s, ids, bs, 0);
     if (bs == 256) { /* host side of plan + launch */
       r->launch_host_us_bs256 = host_issue_us(s, ids, bs, 1);
-      fattn_batch b = FATTN_BATCH_INIT;
-      b.num_seqs = bs;
-      b.seq_ids = ids;
-      r->launch_busy_us_bs256 = launch_while_busy(s, &b, &r->launch_busy_waits);
+      r->launch_busy_us_bs256 = launch_while_busy(s, ids, bs, &r->launch_busy_waits);
     }
     printf("  bs %3u: eager %.3f ms, graph %.3f ms (%.2fx)\n", bs, r->sweep_eager_ms[k], r->sweep_graph_ms[k],
            r->sweep_eager_ms[k] / r->sweep_graph_ms[k]);

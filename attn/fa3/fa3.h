@@ -202,8 +202,9 @@ __device__ __forceinline__ bool fa3__tile_of(const fa3__args &a, uint32_t w, uin
 /* ---- the tile scheduler: work items go to blocks as they free up (an atomic counter after
  * each block's first item), so a block that drew short causal tiles takes more of them. The
  * producer runs stages ahead of the consumers, so a claim's round trip hides behind the last
- * tile's final stages. The producer's thread 0 claims each item and hands it to the consumers through a ring of two
- * words (sched: [full 0, full 1, empty 0, empty 1] mbarriers). */
+ * stages of the tile before. The producer's thread 0 claims each item (the k-th of its block)
+ * and hands it to the consumers through a ring of two words (sched: [full 0, full 1, empty 0,
+ * empty 1] mbarriers). */
 static __device__ __noinline__ uint32_t fa3__claim(const fa3__args &a, uint32_t k, uint32_t work, uint32_t num_tiles) {
   const uint32_t qh = a.k.l.num_q_heads, n = a.k.s.hdr->num_entries;
   for (uint32_t w = k ? gridDim.x + atomicAdd(a.k.s.tile_counter, 1u) : blockIdx.x;;
