@@ -28,6 +28,14 @@
 #ifndef FATTN__SPLIT_MIN_KV
 #define FATTN__SPLIT_MIN_KV 128u
 #endif
+/* The same two for a step so small that splits of FATTN__SPLIT_MIN_KV would leave SMs without
+ * a block: there, one-tile splits shorten the step (docs/perf.md, session 6: bs 1 at context
+ * 512 0.49 -> 0.39 ms a 32-layer step), while on a full device more and shorter splits cost
+ * 28% at bs 16 x 512 and 5% at bs 16 x 1.5k. */
+#ifndef FATTN__SPLIT_MIN_KV_SHORT
+#define FATTN__SPLIT_MIN_KV_SHORT 48u
+#endif
+#define FATTN__SPLIT_ALIGN_SHORT 64u
 /* Decode blocks the split policy aims for per SM (target_ctas = this * SMs): several waves of
  * the 2-3 resident blocks an SM, so that the last wave's idle share stays small. */
 #ifndef FATTN__CTAS_PER_SM
@@ -45,7 +53,7 @@ typedef struct fattn__entry {
   uint32_t new_start; /* prefix sum of new_len: first row of the new K/V */
   uint32_t tile_start; /* prefix sum of ceil(q_len / FATTN__Q_TILE) */
   uint32_t num_splits; /* split-KV pieces (1: no split) */
-  uint32_t split_len;  /* KV slots per split, a multiple of FATTN__SPLIT_ALIGN */
+  uint32_t split_len;  /* KV slots per split, a multiple of FATTN__SPLIT_ALIGN(_SHORT) */
   uint32_t split_row;  /* first workspace row: row of (token t, split s) = split_row + t * num_splits + s */
   uint32_t reserved;
 } fattn__entry;
@@ -88,15 +96,22 @@ typedef struct fattn__page_copy {
 FATTN__HD uint32_t fattn__ceil_div(uint32_t a, uint32_t b) { return a / b + (a % b != 0u); }
 
 /* Split policy, identical on host and device. Decode-like modes split long KV so that
- * num_entries * kv_heads * splits reaches target_ctas; prefill-like modes never split. */
-FATTN__HD uint32_t fattn__splits_for(const fattn__step_hdr *h, uint32_t kv_len,
-                                      uint32_t q_len) {
+ * num_entries * kv_heads * splits reaches target_ctas, in splits of FATTN__SPLIT_MIN_KV or
+ * more, or of FATTN__SPLIT_MIN_KV_SHORT where those would not give every SM a block;
+ * prefill-like modes never split. */
+FATTN__HD uint32_t fattn__splits_for(const fattn__step_hdr *h, uint32_t kv_len, uint32_t q_len,
+                                      uint32_t *align) {
+  *align = FATTN__SPLIT_ALIGN;
   if (h->mode != 2u && h->mode != 3u && h->mode != 4u) /* DECODE, TARGET_VERIFY, DRAFT_DECODE */
     return 1u;
   uint32_t per_entry = (h->num_live ? h->num_live : h->num_entries) * h->num_kv_heads;
   if (per_entry == 0u) return 1u;
   uint32_t want = fattn__ceil_div(h->target_ctas, per_entry);
   uint32_t by_len = kv_len / FATTN__SPLIT_MIN_KV;
+  if ((uint64_t)per_entry * by_len < h->target_ctas / FATTN__CTAS_PER_SM) {
+    by_len = kv_len / FATTN__SPLIT_MIN_KV_SHORT;
+    *align = FATTN__SPLIT_ALIGN_SHORT;
+  }
   uint32_t n = want < by_len ? want : by_len;
   if (n > h->max_splits) n = h->max_splits;
   if (n < 2u || q_len == 0u) return 1u;
@@ -106,9 +121,9 @@ FATTN__HD uint32_t fattn__splits_for(const fattn__step_hdr *h, uint32_t kv_len,
 /* The split of one entry, decided from the entry alone so that the device can derive every
  * entry in parallel (attn/prep.cu) and still agree with fattn__prep. */
 FATTN__HD void fattn__split_of(const fattn__step_hdr *h, fattn__entry *x) {
-  uint32_t n = fattn__splits_for(h, x->kv_len, x->q_len), len = x->kv_len;
+  uint32_t align, n = fattn__splits_for(h, x->kv_len, x->q_len, &align), len = x->kv_len;
   if (n > 1u) {
-    len = fattn__ceil_div(fattn__ceil_div(x->kv_len, n), FATTN__SPLIT_ALIGN) * FATTN__SPLIT_ALIGN;
+    len = fattn__ceil_div(fattn__ceil_div(x->kv_len, n), align) * align;
     n = fattn__ceil_div(x->kv_len, len);
     if (n < 2u) {
       n = 1u;

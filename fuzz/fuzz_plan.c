@@ -211,7 +211,7 @@ static void check_step(const fattn_batch *b, uint32_t n, uint64_t q_total) {
     if (e->num_splits == 0) FUZZ_FAIL("entry %u: no split", i);
     if (e->num_splits > 1) {
       uint64_t cover = (uint64_t)e->num_splits * e->split_len;
-      if (e->split_len % FATTN__SPLIT_ALIGN || cover < e->kv_len || cover - e->split_len >= e->kv_len ||
+      if (e->split_len % FATTN__SPLIT_ALIGN_SHORT || cover < e->kv_len || cover - e->split_len >= e->kv_len ||
           e->num_splits > h->max_splits || e->split_row != rows)
         FUZZ_FAIL("entry %u: %u splits of %u slots from row %u over kv_len %u (max %u, row %llu)", i, e->num_splits,
                   e->split_len, e->split_row, e->kv_len, h->max_splits, (unsigned long long)rows);

@@ -116,7 +116,7 @@ template <int BN> struct fa3__softmax_exact {
     for (int h = 0; h < 2; h++) {
       mx[h] = fa2__qmax(mx[h]);
       base[h] = mx[h] == -INFINITY ? 0.f : mx[h];
-      alpha[h] = exp2f(m[h] - base[h]);
+      alpha[h] = fa2__exp2(m[h] - base[h]);
       m[h] = mx[h];
       l[h] *= alpha[h];
     }
@@ -124,7 +124,7 @@ template <int BN> struct fa3__softmax_exact {
     for (int i = 0; i < BN / 8; i++) {
 #pragma unroll
       for (int k = 0; k < 4; k++) {
-        float p = exp2f(s[4 * i + k] - base[k >> 1]);
+        float p = fa2__exp2(s[4 * i + k] - base[k >> 1]);
         s[4 * i + k] = p;
         l[k >> 1] += p;
       }
