@@ -97,9 +97,13 @@ __device__ __forceinline__ uint64_t fa3__desc(const void *p, uint32_t lbo) {
 /* Byte offset of 16-byte chunk c of row r inside a swizzled slab. */
 __device__ __forceinline__ uint32_t fa3__swz(uint32_t r, uint32_t c) { return r * 128u + ((c ^ (r & 7u)) << 4); }
 
-/* ---- the softmax policy: exact online softmax in exp2, rescaling whenever a row max grows.
- * A policy sees a thread's two rows (fragment rows g and g + 8) and the scores of one tile. */
+/* ---- the softmax policies. A policy sees a thread's two rows (fragment rows g and g + 8) and
+ * the scores of one tile; LAZY says whether its alphas are often exactly 1, so that a warp
+ * should vote to skip the rescale of O. */
+
+/* Exact online softmax in exp2, rescaling whenever a row max grows. */
 template <int BN> struct fa3__softmax_exact {
+  static constexpr bool LAZY = false;
   float m[2], l[2];
   __device__ __forceinline__ void init() { m[0] = m[1] = -INFINITY; l[0] = l[1] = 0.f; }
   /* s: log2-scaled scores, -inf where masked; on return p = exp2(s - m), alpha the factor
@@ -142,6 +146,44 @@ template <int BN> __device__ __forceinline__ uint32_t fa3__run_bits(uint32_t lo,
   auto ones = [](uint32_t n) -> uint32_t { return n >= 32u ? ~0u : (1u << n) - 1u; };
   return hi > lo ? ones(below(hi)) & ~ones(below(lo)) : 0u;
 }
+
+/* FA4's lazy rescaling (docs/credits.md): a row's max moves only when a score passes it by
+ * more than 2^TH, so most tiles leave alpha at exactly 1; the weights stay under 2^TH, which
+ * bf16 / fp16 P and the fp32 sums hold as well as weights under 1. Built for the 64-slot tiles
+ * of d 192 and 256, where it measured +2-6% (docs/perf.md, session 6) and d 64 / 128 lost 1-3%. */
+template <int BN> struct fa3__softmax_lazy {
+  static constexpr bool LAZY = true;
+  static constexpr float TH = 8.f;
+  float m[2], l[2];
+  __device__ __forceinline__ void init() { m[0] = m[1] = -INFINITY; l[0] = l[1] = 0.f; }
+  __device__ __forceinline__ void step(float *s, float *alpha) {
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int i = 0; i < BN / 8; i++) {
+      mx[0] = fmaxf(mx[0], fmaxf(s[4 * i], s[4 * i + 1]));
+      mx[1] = fmaxf(mx[1], fmaxf(s[4 * i + 2], s[4 * i + 3]));
+    }
+    float base[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      mx[h] = fa2__qmax(mx[h]);
+      const float nm = mx[h] > m[h] + TH ? mx[h] : m[h];
+      base[h] = nm == -INFINITY ? 0.f : nm;
+      alpha[h] = nm == m[h] ? 1.f : fa2__exp2(m[h] - base[h]);
+      m[h] = nm;
+      l[h] *= alpha[h];
+    }
+#pragma unroll
+    for (int i = 0; i < BN / 8; i++) {
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        float p = fa2__exp2(s[4 * i + k] - base[k >> 1]);
+        s[4 * i + k] = p;
+        l[k >> 1] += p;
+      }
+    }
+  }
+};
 
 /* ---- shapes */
 
@@ -528,10 +570,12 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs
         fa3__mma_wait<0>();
         fa3__pin<DV / 2>(o);
         release(blk - 1);
+        if (!SM::LAZY || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-        for (int i = 0; i < DV / 8; i++) {
-          o[4 * i] *= alpha[0]; o[4 * i + 1] *= alpha[0];
-          o[4 * i + 2] *= alpha[1]; o[4 * i + 3] *= alpha[1];
+          for (int i = 0; i < DV / 8; i++) {
+            o[4 * i] *= alpha[0]; o[4 * i + 1] *= alpha[0];
+            o[4 * i + 2] *= alpha[1]; o[4 * i + 3] *= alpha[1];
+          }
         }
         pack_p();
       }
@@ -612,7 +656,8 @@ __global__ void __launch_bounds__(384, 1)
 template <int DK, int DV, int ST, typename T, bool F8>
 static int fa3__go(const fa3__args *a, const CUtensorMap *maps, int grid, cudaStream_t st) {
   using C = fa3__cfg<DK, DV, ST, F8>;
-  auto k = fa3__attn<DK, DV, ST, T, F8, fa3__softmax_exact<C::BN>>;
+  using SM = typename std::conditional<(DK > 128), fa3__softmax_lazy<C::BN>, fa3__softmax_exact<C::BN>>::type;
+  auto k = fa3__attn<DK, DV, ST, T, F8, SM>;
   static int attr_set; /* benign race: idempotent */
   if (!attr_set) {
     cudaError_t err = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
