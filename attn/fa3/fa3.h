@@ -101,6 +101,27 @@ __device__ __forceinline__ uint32_t fa3__swz(uint32_t r, uint32_t c) { return r 
  * the scores of one tile; LAZY says whether its alphas are often exactly 1, so that a warp
  * should vote to skip the rescale of O. */
 
+/* mx: each of the two rows' max, raised to its scores' (s: [BN / 8][row 0 pair, row 1 pair]). */
+template <int BN> __device__ __forceinline__ void fa3__rows_max(const float *s, float *mx) {
+#pragma unroll
+  for (int i = 0; i < BN / 8; i++) {
+    mx[0] = fmaxf(mx[0], fmaxf(s[4 * i], s[4 * i + 1]));
+    mx[1] = fmaxf(mx[1], fmaxf(s[4 * i + 2], s[4 * i + 3]));
+  }
+}
+/* Scores to weights exp2(s - base) in place, each row's added to its l. */
+template <int BN> __device__ __forceinline__ void fa3__rows_exp(float *s, const float *base, float *l) {
+#pragma unroll
+  for (int i = 0; i < BN / 8; i++) {
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      const float p = fa2__exp2(s[4 * i + k] - base[k >> 1]);
+      s[4 * i + k] = p;
+      l[k >> 1] += p;
+    }
+  }
+}
+
 /* Exact online softmax in exp2, rescaling whenever a row max grows. */
 template <int BN> struct fa3__softmax_exact {
   static constexpr bool LAZY = false;
@@ -110,11 +131,7 @@ template <int BN> struct fa3__softmax_exact {
    * the accumulator rows must take. */
   __device__ __forceinline__ void step(float *s, float *alpha) {
     float mx[2] = {m[0], m[1]};
-#pragma unroll
-    for (int i = 0; i < BN / 8; i++) {
-      mx[0] = fmaxf(mx[0], fmaxf(s[4 * i], s[4 * i + 1]));
-      mx[1] = fmaxf(mx[1], fmaxf(s[4 * i + 2], s[4 * i + 3]));
-    }
+    fa3__rows_max<BN>(s, mx);
     float base[2];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
@@ -124,15 +141,7 @@ template <int BN> struct fa3__softmax_exact {
       m[h] = mx[h];
       l[h] *= alpha[h];
     }
-#pragma unroll
-    for (int i = 0; i < BN / 8; i++) {
-#pragma unroll
-      for (int k = 0; k < 4; k++) {
-        float p = fa2__exp2(s[4 * i + k] - base[k >> 1]);
-        s[4 * i + k] = p;
-        l[k >> 1] += p;
-      }
-    }
+    fa3__rows_exp<BN>(s, base, l);
   }
 };
 
@@ -158,11 +167,7 @@ template <int BN> struct fa3__softmax_lazy {
   __device__ __forceinline__ void init() { m[0] = m[1] = -INFINITY; l[0] = l[1] = 0.f; }
   __device__ __forceinline__ void step(float *s, float *alpha) {
     float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int i = 0; i < BN / 8; i++) {
-      mx[0] = fmaxf(mx[0], fmaxf(s[4 * i], s[4 * i + 1]));
-      mx[1] = fmaxf(mx[1], fmaxf(s[4 * i + 2], s[4 * i + 3]));
-    }
+    fa3__rows_max<BN>(s, mx);
     float base[2];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
@@ -173,15 +178,7 @@ template <int BN> struct fa3__softmax_lazy {
       m[h] = nm;
       l[h] *= alpha[h];
     }
-#pragma unroll
-    for (int i = 0; i < BN / 8; i++) {
-#pragma unroll
-      for (int k = 0; k < 4; k++) {
-        float p = fa2__exp2(s[4 * i + k] - base[k >> 1]);
-        s[4 * i + k] = p;
-        l[k >> 1] += p;
-      }
-    }
+    fa3__rows_exp<BN>(s, base, l);
   }
 };
 
