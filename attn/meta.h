@@ -16,11 +16,8 @@
 #define FATTN__PAGE_NONE 0xFFFFFFFFu
 /* Query tile the prep routine counts tiles in (kernels may use multiples of it). */
 #define FATTN__Q_TILE 64u
-/* A split covers a multiple of this many KV slots (a multiple of the decode tile's 64;
- * overridable like FATTN__SPLIT_MIN_KV below, for benchmark variants). */
-#ifndef FATTN__SPLIT_ALIGN
+/* A split covers a multiple of this many KV slots (a multiple of the decode tile's 64). */
 #define FATTN__SPLIT_ALIGN 128u
-#endif
 /* Split rows available per allowed split (workspace size = max_splits * this). */
 #define FATTN__SPLIT_ROWS_PER_SPLIT 64u
 /* A split-KV entry gets at most one split per this many KV slots. Overridable at build time
@@ -28,10 +25,10 @@
 #ifndef FATTN__SPLIT_MIN_KV
 #define FATTN__SPLIT_MIN_KV 128u
 #endif
-/* The same two for a step so small that splits of FATTN__SPLIT_MIN_KV would leave SMs without
- * a block: there, one-tile splits shorten the step (docs/perf.md, session 6: bs 1 at context
- * 512 0.49 -> 0.39 ms a 32-layer step), while on a full device more and shorter splits cost
- * 28% at bs 16 x 512 and 5% at bs 16 x 1.5k. */
+/* The minimum and the alignment for a step so small that splits of FATTN__SPLIT_MIN_KV would
+ * leave SMs without a block: there, one-tile splits shorten the step (docs/perf.md, session 6:
+ * bs 1 at context 512 0.49 -> 0.39 ms a 32-layer step), while on a full device more and
+ * shorter splits cost 28% at bs 16 x 512 and 5% at bs 16 x 1.5k. */
 #ifndef FATTN__SPLIT_MIN_KV_SHORT
 #define FATTN__SPLIT_MIN_KV_SHORT 48u
 #endif

@@ -159,7 +159,7 @@ template <int BN> __device__ __forceinline__ uint32_t fa3__run_bits(uint32_t lo,
 /* FA4's lazy rescaling (docs/credits.md): a row's max moves only when a score passes it by
  * more than 2^TH, so most tiles leave alpha at exactly 1; the weights stay under 2^TH, which
  * bf16 / fp16 P and the fp32 sums hold as well as weights under 1. Built for the 64-slot tiles
- * of d 192 and 256, where it measured +2-6% (docs/perf.md, session 6) and d 64 / 128 lost 1-3%. */
+ * (d 192 and 256): d 256 measured +3-6%, d 64 / 128 0.97-1.03 (docs/perf.md, session 6). */
 template <int BN> struct fa3__softmax_lazy {
   static constexpr bool LAZY = true;
   static constexpr float TH = 8.f;
