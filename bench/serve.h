@@ -35,6 +35,7 @@ typedef struct serve_result {
   double prefill_ms;
   double decode_eager_ms, decode_graph_ms; /* median per step */
   double kernel_sum_ms;                    /* sum of one decode step's kernel times */
+  double kernel_us[3], kernel_us_bs1[3];   /* a layer's store, attend, mix: one-batch run, bs 1 sweep */
   double launch_host_us_bs256;             /* host time of fattn_graph_launch at bs 256, device idle */
   double launch_busy_us_bs256;             /* the same while the step before runs */
   uint64_t launch_busy_waits;              /* staging waits during those launches */

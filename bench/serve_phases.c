@@ -73,9 +73,10 @@ static double decode_steps(serve *s, const uint32_t *ids, uint32_t n, uint32_t s
   return m;
 }
 
-/* One decode step's kernels, each timed as 20 back-to-back launches in a graph, summed over
- * the layers: what a perfect replay of the step would cost. */
-static double kernel_sum_ms(serve *s) {
+/* One decode step's kernels, each timed as 20 back-to-back launches in a graph: us[] gets a
+ * layer's store, attend and mix; the sum over the layers is what a perfect replay of the step
+ * would cost. Uses the last eager plan. */
+static double kernel_sum_ms(serve *s, double us[3]) {
   double total = 0;
   for (int which = 0; which < 3; which++) {
     cudaGraph_t g;
@@ -94,6 +95,7 @@ static double kernel_sum_ms(serve *s) {
       cudaGraphLaunch(x, s->stream);
       t[r] = fattn_bench_timer_ms(s, t0) / 20;
     }
+    us[which] = median(t, 9) * 1e3;
     total += median(t, 9) * s->layers;
     cudaGraphExecDestroy(x);
     cudaGraphDestroy(g);
@@ -136,7 +138,7 @@ void fattn_bench_one_batch(serve *s, serve_result *r) {
   if (s->gpu) {
     check(fattn_plan(s->ctx, &b, s->stream), s, "fattn_plan");
     s->tokens = n;
-    r->kernel_sum_ms = kernel_sum_ms(s);
+    r->kernel_sum_ms = kernel_sum_ms(s, r->kernel_us);
   }
 }
 
@@ -259,7 +261,13 @@ void fattn_bench_batch_sweep(serve *s, serve_result *r) {
     r->sweep_eager_ms[k] = decode_steps(s, ids, bs, 16, 0);
     fattn_bench_capture(s, FATTN_MODE_DECODE, bs, bs, s->layers);
     r->sweep_graph_ms[k] = decode_steps(s, ids, bs, 16, 1);
-    if (bs == 1) r->eager_issue_us_bs1 = host_issue_us(s, ids, bs, 0);
+    if (bs == 1) {
+      r->eager_issue_us_bs1 = host_issue_us(s, ids, bs, 0);
+      const fattn_batch b = decode_batch(ids, bs);
+      check(fattn_plan(s->ctx, &b, s->stream), s, "fattn_plan");
+      s->tokens = bs;
+      kernel_sum_ms(s, r->kernel_us_bs1);
+    }
     if (bs == 256) { /* host side of plan + launch */
       r->launch_host_us_bs256 = host_issue_us(s, ids, bs, 1);
       r->launch_busy_us_bs256 = launch_while_busy(s, ids, bs, &r->launch_busy_waits);

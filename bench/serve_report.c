@@ -63,6 +63,9 @@ void fattn_bench_report(serve *s, const serve_result *r) {
   if (s->gpu) {
     printf("  graph replay / sum of kernel times (bs %u): %.3f / %.3f ms = %.3f (target <= 1.05)\n", p->batch,
            r->decode_graph_ms, r->kernel_sum_ms, r->decode_graph_ms / r->kernel_sum_ms);
+    printf("    a layer's kernels, each alone (20 in a graph): store %.2f, attend %.2f, mix %.2f us at bs %u; "
+           "%.2f, %.2f, %.2f us at bs 1\n", r->kernel_us[0], r->kernel_us[1], r->kernel_us[2], p->batch,
+           r->kernel_us_bs1[0], r->kernel_us_bs1[1], r->kernel_us_bs1[2]);
     if (r->sweep_n) {
       printf("  graph speed-up at bs 1: %.2fx (target >= 1.5)\n", r->sweep_eager_ms[0] / r->sweep_graph_ms[0]);
       /* When the host issues an eager step faster than the device runs it, eager is bound by

@@ -109,13 +109,14 @@ template <int BN> __device__ __forceinline__ void fa3__rows_max(const float *s, 
     mx[1] = fmaxf(mx[1], fmaxf(s[4 * i + 2], s[4 * i + 3]));
   }
 }
-/* Scores to weights exp2(s - base) in place, each row's added to its l. */
-template <int BN> __device__ __forceinline__ void fa3__rows_exp(float *s, const float *base, float *l) {
+/* Raw scores to weights exp2(s mul - base) in place (one FFMA a score: the scale rides on the
+ * exp's subtraction), each row's added to its l. */
+template <int BN> __device__ __forceinline__ void fa3__rows_exp(float *s, float mul, const float *base, float *l) {
 #pragma unroll
   for (int i = 0; i < BN / 8; i++) {
 #pragma unroll
     for (int k = 0; k < 4; k++) {
-      const float p = fa2__exp2(s[4 * i + k] - base[k >> 1]);
+      const float p = fa2__exp2(fmaf(s[4 * i + k], mul, -base[k >> 1]));
       s[4 * i + k] = p;
       l[k >> 1] += p;
     }
@@ -127,21 +128,22 @@ template <int BN> struct fa3__softmax_exact {
   static constexpr bool LAZY = false;
   float m[2], l[2];
   __device__ __forceinline__ void init() { m[0] = m[1] = -INFINITY; l[0] = l[1] = 0.f; }
-  /* s: log2-scaled scores, -inf where masked; on return p = exp2(s - m), alpha the factor
-   * the accumulator rows must take. */
-  __device__ __forceinline__ void step(float *s, float *alpha) {
-    float mx[2] = {m[0], m[1]};
+  /* s: raw scores, -inf where masked, and mul (> 0) the factor to log2 units; m is kept in
+   * log2 units. On return p = exp2(s mul - m), alpha the factor the accumulator rows must take.
+   * The max is taken on raw scores, since mul > 0 keeps their order. */
+  __device__ __forceinline__ void step(float *s, float mul, float *alpha) {
+    float mx[2] = {-INFINITY, -INFINITY};
     fa3__rows_max<BN>(s, mx);
     float base[2];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-      mx[h] = fa2__qmax(mx[h]);
+      mx[h] = fmaxf(m[h], fa2__qmax(mx[h]) * mul);
       base[h] = mx[h] == -INFINITY ? 0.f : mx[h];
       alpha[h] = fa2__exp2(m[h] - base[h]);
       m[h] = mx[h];
       l[h] *= alpha[h];
     }
-    fa3__rows_exp<BN>(s, base, l);
+    fa3__rows_exp<BN>(s, mul, base, l);
   }
 };
 
@@ -165,20 +167,20 @@ template <int BN> struct fa3__softmax_lazy {
   static constexpr float TH = 8.f;
   float m[2], l[2];
   __device__ __forceinline__ void init() { m[0] = m[1] = -INFINITY; l[0] = l[1] = 0.f; }
-  __device__ __forceinline__ void step(float *s, float *alpha) {
+  __device__ __forceinline__ void step(float *s, float mul, float *alpha) {
     float mx[2] = {-INFINITY, -INFINITY};
     fa3__rows_max<BN>(s, mx);
     float base[2];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-      mx[h] = fa2__qmax(mx[h]);
+      mx[h] = fa2__qmax(mx[h]) * mul;
       const float nm = mx[h] > m[h] + TH ? mx[h] : m[h];
       base[h] = nm == -INFINITY ? 0.f : nm;
       alpha[h] = nm == m[h] ? 1.f : fa2__exp2(m[h] - base[h]);
       m[h] = nm;
       l[h] *= alpha[h];
     }
-    fa3__rows_exp<BN>(s, base, l);
+    fa3__rows_exp<BN>(s, mul, base, l);
   }
 };
 
@@ -471,9 +473,11 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs
     auto issue_s = [&](uint32_t blk) {
       const uint32_t st = (it + blk) % ST;
       const char *kd = kv + st * C::STAGE;
+      uint64_t qd = fa3__desc(qs, 0u);
+      asm volatile("" : "+l"(qd)); /* else ptxas hoists the DK / 16 Q descriptors and spills them */
 #pragma unroll
       for (int ks = 0; ks < DK / 16; ks++)
-        fa3__mma_ss<BN, T>(sc, fa3__desc(qs + (ks / 4) * 8192 + (ks % 4) * 32, 0u),
+        fa3__mma_ss<BN, T>(sc, qd + (uint64_t)(((ks / 4) * 8192 + (ks % 4) * 32) >> 4),
                            fa3__desc(kd + (ks / 4) * C::KV_SLAB + (ks % 4) * 32, 0u), ks > 0);
       fa3__mma_commit();
     };
@@ -484,18 +488,16 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs
       for (int kk = 0; kk < BN / 16; kk++) fa3__mma_rs<DV, T>(o, p[kk], fa3__desc(vd + kk * 2048, C::KV_SLAB));
       fa3__mma_commit();
     };
-    /* Scores of block blk to log2 units, masked; then the policy's step. The unrolled loops
-     * stay small and branch-free: the mask of a boundary block is worked out first, one bit a
-     * score, in a rolled loop (jumping over per-score mask code thrashed the I-cache). */
+    /* Scores of block blk masked (softcapped ones taken to log2 units first), then the policy's
+     * step, which scales raw scores inside its exps. The unrolled loops stay small and
+     * branch-free: the mask of a boundary block is worked out first, one bit a score, in a
+     * rolled loop (jumping over per-score mask code thrashed the I-cache). */
     const float sl2 = a.k.sl2, softcap = l.softcap, cap_mul = a.k.cap_scale / l.softcap;
     auto soft = [&](uint32_t blk, float *alpha) {
       const uint32_t j0 = t.kb + blk * BN;
       if (softcap > 0.f) {
 #pragma unroll
         for (int i = 0; i < BN / 2; i++) sc[i] = softcap * tanhf(sc[i] * cap_mul) * FA2__LOG2E;
-      } else {
-#pragma unroll
-        for (int i = 0; i < BN / 2; i++) sc[i] *= sl2;
       }
       if (!(j0 >= mine.lo_all && j0 + BN <= all_hi)) {
         uint32_t vis[2] = {0u, 0u}; /* bit n: column 8 (n / 2) + 2 c4 + n % 2 of the block */
@@ -520,7 +522,7 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs
             if (!((vis[k >> 1] >> (2 * i + (k & 1))) & 1u)) sc[4 * i + k] = -INFINITY;
         }
       }
-      sm.step(sc, alpha);
+      sm.step(sc, softcap > 0.f ? 1.f : sl2, alpha);
     };
     auto pack_p = [&]() {
 #pragma unroll
