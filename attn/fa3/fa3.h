@@ -186,6 +186,14 @@ template <int BN> struct fa3__softmax_lazy {
 
 /* ---- shapes */
 
+/* One unit of work: 128 query rows of one q head (two planner tiles of 64) and its KV range. */
+typedef struct fa3__tile {
+  fattn__entry e;
+  uint32_t hq, R0;      /* q head; first query row of the entry */
+  uint32_t kb, ke, nblk; /* blocks start at kb (a multiple of BN), end at slot ke */
+  bool tree;
+} fa3__tile;
+
 /* DK, DV: the QK and PV head dims of the tiles (multiples of 64); F8: the KV is fp8, gathered
  * raw into a landing area and widened to fp16 into the stage by the producer. */
 template <int DK, int DV, int ST, bool F8> struct fa3__cfg {
@@ -196,7 +204,7 @@ template <int DK, int DV, int ST, bool F8> struct fa3__cfg {
   static constexpr int V_BYTES = SV * KV_SLAB;
   static constexpr int STAGE = K_BYTES + V_BYTES;
   static constexpr int RAW = F8 ? BN * (DK + DV) : 0; /* fp8 rows as loaded: [BN][DK], [BN][DV] */
-  static constexpr int BARS = 3 * ST * 8 + 4 * 8 + 8; /* stages, then the work ring's 4 and its 2 words */
+  static constexpr int BARS = 3 * ST * 8 + 4 * 8 + 16; /* stages, then the work ring's 4 and its 4 words */
   static constexpr int SMEM = 1024 + 2 * Q_WG + ST * STAGE + RAW + BARS;
   /* Registers a thread of the producer and of each consumer (setmaxnreg). P + 2 C <= 504, the
    * 168 a thread the launch gave each warpgroup: consumers asking for more than the producer
@@ -212,23 +220,15 @@ template <typename TM, bool F8> __device__ __forceinline__ uint32_t fa3__out_pai
   return fa2__pack<TM>(x, y);
 }
 
-/* One unit of work: 128 query rows of one q head (two planner tiles of 64) and its KV range. */
-typedef struct fa3__tile {
-  fattn__entry e;
-  uint32_t hq, R0;      /* q head; first query row of the entry */
-  uint32_t kb, ke, nblk; /* blocks start at kb (a multiple of BN), end at slot ke */
-  bool tree;
-} fa3__tile;
-
-/* Work item w, largest query index first (causal tiles with most KV go first); false for an
- * item that is the second half of a 128-row tile. */
+/* Work item w, largest query index first (causal tiles with most KV go first), of entry ei
+ * (found by fa3__claim, which skipped the items that are second halves of 128-row tiles). */
 template <int BN>
-__device__ __forceinline__ bool fa3__tile_of(const fa3__args &a, uint32_t w, uint32_t num_tiles, fa3__tile *t) {
+__device__ __forceinline__ void fa3__tile_of(const fa3__args &a, uint32_t w, uint32_t ei, uint32_t num_tiles,
+                                             fa3__tile *t) {
   const fattn__step_hdr *hdr = a.k.s.hdr;
   const uint32_t qh = a.k.l.num_q_heads, b = num_tiles - 1u - w / qh;
-  t->e = a.k.s.entries[fa2__find(a.k.s.entries, hdr->num_entries, b, 1)];
+  t->e = a.k.s.entries[ei];
   const uint32_t local = b - t->e.tile_start;
-  if (local & 1u) return false;
   t->hq = w % qh;
   t->R0 = local * 64u;
   t->tree = hdr->mode == 3u && t->e.mask_row != UINT32_MAX && a.k.s.mask;
@@ -237,22 +237,25 @@ __device__ __forceinline__ bool fa3__tile_of(const fa3__args &a, uint32_t w, uin
   t->kb = r.lo_any / BN * BN;
   t->ke = r.hi_any;
   t->nblk = t->ke > t->kb ? (t->ke - t->kb + BN - 1u) / BN : 0u;
-  return true;
 }
 
 /* ---- the tile scheduler: work items go to blocks as they free up (an atomic counter after
  * each block's first item), so a block that drew short causal tiles takes more of them. The
  * producer runs stages ahead of the consumers, so a claim's round trip hides behind the last
  * stages of the tile before. The producer's thread 0 claims each item (the k-th of its block)
- * and hands it to the consumers through a ring of two words (sched: [full 0, full 1, empty 0,
- * empty 1] mbarriers). */
-static __device__ __noinline__ uint32_t fa3__claim(const fa3__args &a, uint32_t k, uint32_t work, uint32_t num_tiles) {
+ * and hands it with its entry to the consumers through a ring of two slots (words [w 0, w 1,
+ * entry 0, entry 1]; sched: [full 0, full 1, empty 0, empty 1] mbarriers), so that the entry's
+ * binary search is made once, ahead, and not on the consumers' path between two tiles. */
+typedef struct fa3__item {
+  uint32_t w, ei; /* work item (work when none is left) and its entry */
+} fa3__item;
+static __device__ __noinline__ fa3__item fa3__claim(const fa3__args &a, uint32_t k, uint32_t work, uint32_t num_tiles) {
   const uint32_t qh = a.k.l.num_q_heads, n = a.k.s.hdr->num_entries;
   for (uint32_t w = k ? gridDim.x + atomicAdd(a.k.s.tile_counter, 1u) : blockIdx.x;;
        w = gridDim.x + atomicAdd(a.k.s.tile_counter, 1u)) {
-    if (w >= work) return w;
-    const uint32_t b = num_tiles - 1u - w / qh; /* as fa3__tile_of: a whole tile starts on an even local index */
-    if (((b - a.k.s.entries[fa2__find(a.k.s.entries, n, b, 1)].tile_start) & 1u) == 0u) return w;
+    if (w >= work) return fa3__item{w, 0u};
+    const uint32_t b = num_tiles - 1u - w / qh, ei = fa2__find(a.k.s.entries, n, b, 1);
+    if (((b - a.k.s.entries[ei].tile_start) & 1u) == 0u) return fa3__item{w, ei}; /* a whole tile starts on an even local index */
   }
 }
 /* The last block to finish puts both words back to 0 for the next launch: by then every
@@ -264,13 +267,14 @@ __device__ __forceinline__ void fa3__retire(uint32_t *counter) {
     counter[1] = 0u;
   }
 }
-/* A consumer warp takes the k-th item from the ring and frees its word. */
-__device__ __forceinline__ uint32_t fa3__take(uint64_t *sched, uint32_t k) {
+/* A consumer warp takes the k-th item from the ring and frees its slot. */
+__device__ __forceinline__ fa3__item fa3__take(uint64_t *sched, uint32_t k) {
   fa3__wait(&sched[k & 1u], (k >> 1) & 1u);
-  const uint32_t w = ((const uint32_t *)(sched + 4))[k & 1u];
+  const uint32_t *ring = (const uint32_t *)(sched + 4);
+  const fa3__item it = {ring[k & 1u], ring[2u + (k & 1u)]};
   __syncwarp();
   if (threadIdx.x % 32u == 0u) fa3__arrive(&sched[2u + (k & 1u)]);
-  return w;
+  return it;
 }
 
 /* ---- producer warpgroup: fills the K and V stages, by TMA where the tile sits in one page
@@ -289,16 +293,17 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
   uint32_t it = 0;
   for (uint32_t k = 0;; k++) {
     if (tid == 0u) {
-      const uint32_t w = fa3__claim(a, k, work, num_tiles);
+      const fa3__item item = fa3__claim(a, k, work, num_tiles);
       fa3__wait(&sched[2u + (k & 1u)], ((k >> 1) & 1u) ^ 1u);
-      ring[k & 1u] = w;
+      ring[k & 1u] = item.w;
+      ring[2u + (k & 1u)] = item.ei;
       fa3__arrive(&sched[k & 1u]);
     }
     fa3__sync(1, 128);
-    const uint32_t cur = ring[k & 1u]; /* the word is rewritten two items later, after this barrier's next use */
+    const uint32_t cur = ring[k & 1u]; /* the slot is rewritten two items later, after this barrier's next use */
     if (cur >= work) break;
     fa3__tile t;
-    fa3__tile_of<BN>(a, cur, num_tiles, &t);
+    fa3__tile_of<BN>(a, cur, ring[2u + (k & 1u)], num_tiles, &t);
     const uint32_t kvh = t.hq / G;
     const int32_t *pt = a.k.l.page_table + (size_t)t.e.seq * a.k.l.pages_per_seq;
     for (uint32_t blk = 0; blk < t.nblk; blk++, it++) {
@@ -403,19 +408,12 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs
   const uint32_t work = a.k.s.hdr->num_entries ? num_tiles * l.num_q_heads : 0u;
   uint32_t it = 0;
   if (c == 1) fa3__arrive_bar(4, 256); /* consumer 0 takes the first turn */
-  for (uint32_t k = 0;; k++) {
-    const uint32_t w = fa3__take(sched, k); /* a whole tile: the producer skipped halves */
-    if (w >= work) break;
-    fa3__tile t;
-    fa3__tile_of<BN>(a, w, num_tiles, &t);
-    const uint32_t R0 = t.R0 + 64u * (uint32_t)c, prefix = t.e.kv_len - t.e.q_len;
-    const bool rows = R0 < t.e.q_len;
-    const uint32_t last = rows ? min(R0 + 63u, t.e.q_len - 1u) : R0;
-    fattn__kv_range mine = fattn__rows_range(&l, (int)causal, t.tree, t.e.q_len, t.e.kv_len, R0, last);
-    const uint32_t all_hi = min(mine.hi_all, t.ke);
-
-    /* Q rows of this warpgroup, zeros past the entry and past d. With fp8 KV the MMAs run in
-     * fp16, so bf16 Q is narrowed as it loads (exact for |q| in [2^-14, 65504]). */
+  /* Q rows of this warpgroup for tile t, zeros past the entry and past d, as one cp.async group.
+   * With fp8 KV the MMAs run in fp16, so bf16 Q is narrowed as it loads (exact for |q| in
+   * [2^-14, 65504]). */
+  auto load_q = [&](const fa3__tile &t) {
+    const uint32_t R0 = t.R0 + 64u * (uint32_t)c;
+#pragma unroll 1
     for (uint32_t ci = tid; ci < 64u * CH; ci += 128u) {
       const uint32_t r = ci / CH, ch = ci % CH, q = R0 + r;
       const bool in = q < t.e.q_len && ch * 8u < d;
@@ -436,9 +434,32 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs
       }
     }
     fa2__commit();
+  };
+  /* Takes the k-th item and starts its Q load, so that the Q round trip of the next tile runs
+   * under the last P V GEMM and the epilogue of this one. The tile is made again where it is
+   * used (its entry then comes from L1): kept in registers across that GEMM and the epilogue,
+   * or passed through shared memory, it made the d 128 kernels spill. */
+  auto take = [&](uint32_t k) -> fa3__item {
+    const fa3__item item = fa3__take(sched, k);
+    if (item.w < work) {
+      fa3__tile t;
+      fa3__tile_of<BN>(a, item.w, item.ei, num_tiles, &t);
+      load_q(t);
+    }
+    return item;
+  };
+  fa3__item item = take(0u);
+  for (uint32_t k = 0; item.w < work; k++) { /* whole tiles: the producer skipped halves */
+    fa3__tile t;
+    fa3__tile_of<BN>(a, item.w, item.ei, num_tiles, &t);
     fa2__wait<0>();
     fa3__fence_async();
     fa3__sync(2 + c, 128);
+    const uint32_t R0 = t.R0 + 64u * (uint32_t)c, prefix = t.e.kv_len - t.e.q_len;
+    const bool rows = R0 < t.e.q_len;
+    const uint32_t last = rows ? min(R0 + 63u, t.e.q_len - 1u) : R0;
+    fattn__kv_range mine = fattn__rows_range(&l, (int)causal, t.tree, t.e.q_len, t.e.kv_len, R0, last);
+    const uint32_t all_hi = min(mine.hi_all, t.ke);
 
     uint32_t qpos[2];
     const uint64_t *mrow[2];
@@ -578,6 +599,7 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs
         }
         pack_p();
       }
+      item = take(k + 1u); /* the Q slabs are free: this tile's last S GEMM has completed */
       ready(full_v, t.nblk - 1);
       fa3__sync(4 + c, 256);
       fa3__pin<DV / 2>(o);
@@ -589,6 +611,8 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs
       fa3__pin<DV / 2>(o);
       release(t.nblk - 1);
       it += t.nblk;
+    } else {
+      item = take(k + 1u);
     }
     if (!rows) continue;
 
