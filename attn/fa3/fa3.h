@@ -413,7 +413,7 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs
    * [2^-14, 65504]). */
   auto load_q = [&](const fa3__tile &t) {
     const uint32_t R0 = t.R0 + 64u * (uint32_t)c;
-#pragma unroll 1
+#pragma unroll 1 /* rolled: it runs beside the last P V GEMM, where registers are short */
     for (uint32_t ci = tid; ci < 64u * CH; ci += 128u) {
       const uint32_t r = ci / CH, ch = ci % CH, q = R0 + r;
       const bool in = q < t.e.q_len && ch * 8u < d;
