@@ -271,10 +271,10 @@ __device__ __forceinline__ void fa3__retire(uint32_t *counter) {
 __device__ __forceinline__ fa3__item fa3__take(uint64_t *sched, uint32_t k) {
   fa3__wait(&sched[k & 1u], (k >> 1) & 1u);
   const uint32_t *ring = (const uint32_t *)(sched + 4);
-  const fa3__item it = {ring[k & 1u], ring[2u + (k & 1u)]};
+  const fa3__item item = {ring[k & 1u], ring[2u + (k & 1u)]};
   __syncwarp();
   if (threadIdx.x % 32u == 0u) fa3__arrive(&sched[2u + (k & 1u)]);
-  return it;
+  return item;
 }
 
 /* ---- producer warpgroup: fills the K and V stages, by TMA where the tile sits in one page
