@@ -10,9 +10,14 @@
 #include "attn/backend.h" /* fattn__pdl_on */
 
 #ifdef __CUDACC__
-/* First statement of every fattn kernel: wait for the grid before (all its writes visible), then
- * let the next grid be launched, so its blocks are in place when this one ends. */
-__device__ __forceinline__ void fattn__pdl_enter() {
+/* Waits for the grid before (all its writes visible), then lets the next grid be launched, so
+ * its blocks are in place when this one ends. Most kernels call it first. The decode-side
+ * kernels (fa2 store, decode and combine) first read what only earlier steps or the planner
+ * wrote: step metadata, page table, the KV rows of earlier steps. That is safe because every
+ * kernel between (fattn's own, and per the contract in fattn.h the caller's) waits for its
+ * predecessor before it lets its successor launch, so the kernel two back has completed by
+ * the time a kernel starts. Those early reads go around L1 (ld.global.cg). */
+__device__ __forceinline__ void fattn__pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");

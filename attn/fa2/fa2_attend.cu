@@ -14,48 +14,71 @@ extern "C" int fattn__fa2_supports(const fattn__layer_params *l) {
   return dims && types && ps && heads && mla;
 }
 
-/* One warp per (query token, q head): merges the split partials of split entries. */
+/* Splits of one row whose partial O loads are in flight together. */
+#define FA2__COMBINE_BATCH 16u
+
+/* One warp per (query token, q head): merges the split partials of split entries. The entry
+ * is found before the wait (attn/pdl.h); after it, one pass over the LSEs, then the partial
+ * O rows FA2__COMBINE_BATCH at a time, so that a row costs a few L2 round trips, not one a
+ * split. */
 template <typename T>
 __global__ void __launch_bounds__(128) fa2__combine(const fa2__args a) {
-  fattn__pdl_enter();
   const fattn__step_hdr *hdr = a.s.hdr;
   const uint32_t qh = a.l.num_q_heads, dv = a.l.head_dim_v, lane = threadIdx.x & 31u;
   const uint32_t w = blockIdx.x * 4u + (threadIdx.x >> 5);
-  const uint32_t tok = w / qh, hq = w % qh, n = hdr->num_entries;
-  if (n == 0u || tok >= hdr->num_q_tokens) return;
-  const fattn__entry e = a.s.entries[fa2__find(a.s.entries, n, tok, 0)];
+  const uint32_t tok = w / qh, hq = w % qh, n = __ldcg(&hdr->num_entries);
+  if (n == 0u || tok >= __ldcg(&hdr->num_q_tokens)) return;
+  const fattn__entry e = fa2__entry(a.s.entries + fa2__find(a.s.entries, n, tok, 0));
   const uint32_t ns = e.num_splits;
   if (ns <= 1u) return;
+  fattn__pdl_wait();
   const size_t base = (size_t)e.split_row + (size_t)(tok - e.q_start) * ns;
-  float M = -INFINITY;
-  for (uint32_t s = lane; s < ns; s += 32u) M = fmaxf(M, a.s.split_lse[(base + s) * qh + hq]);
+  const float *lse = a.s.split_lse + base * qh + hq; /* split s at lse[s * qh] */
+  float M = -INFINITY, L = 0.f; /* this lane's splits, then the warp's */
+  for (uint32_t s = lane; s < ns; s += 32u) {
+    const float x = lse[(size_t)s * qh];
+    if (x == -INFINITY) continue;
+    const float m = fmaxf(M, x);
+    L = L * expf(M - m) + expf(x - m);
+    M = m;
+  }
+  float Mw = M;
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+  for (int o = 16; o > 0; o >>= 1) Mw = fmaxf(Mw, __shfl_xor_sync(0xffffffffu, Mw, o));
   const size_t orow = (size_t)tok * qh + hq;
   T *out = (T *)a.out + orow * dv;
-  if (M == -INFINITY) {
+  if (Mw == -INFINITY) {
     for (uint32_t c = lane * 4u; c < dv; c += 128u)
       *(uint2 *)(out + c) = make_uint2(0u, 0u);
     if (a.lse && lane == 0u) a.lse[orow] = a.l.sinks ? a.l.sinks[hq] : -INFINITY;
     return;
   }
-  float L = 0.f;
-  for (uint32_t s = lane; s < ns; s += 32u) L += expf(a.s.split_lse[(base + s) * qh + hq] - M);
+  L = M == -INFINITY ? 0.f : L * expf(M - Mw);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
-  if (a.l.sinks) L += expf(a.l.sinks[hq] - M);
+  if (a.l.sinks) L += expf(a.l.sinks[hq] - Mw);
   const float inv = a.o_mul / L;
+  const float *po = a.s.split_o + (base * qh + hq) * dv; /* split s at po[s * qh * dv] */
   for (uint32_t c = lane * 4u; c < dv; c += 128u) {
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (uint32_t s = 0; s < ns; s++) {
-      const size_t r = (base + s) * qh + hq;
-      float wt = expf(a.s.split_lse[r] - M);
-      float4 v = *(const float4 *)(a.s.split_o + r * dv + c);
-      acc.x += wt * v.x; acc.y += wt * v.y; acc.z += wt * v.z; acc.w += wt * v.w;
+    for (uint32_t s0 = 0; s0 < ns; s0 += FA2__COMBINE_BATCH) {
+      float x[FA2__COMBINE_BATCH];
+      float4 v[FA2__COMBINE_BATCH];
+#pragma unroll
+      for (uint32_t j = 0; j < FA2__COMBINE_BATCH; j++) {
+        const bool ok = s0 + j < ns;
+        x[j] = ok ? lse[(size_t)(s0 + j) * qh] : -INFINITY;
+        v[j] = ok ? *(const float4 *)(po + (size_t)(s0 + j) * qh * dv + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (uint32_t j = 0; j < FA2__COMBINE_BATCH; j++) {
+        const float wt = expf(x[j] - Mw);
+        acc.x += wt * v[j].x; acc.y += wt * v[j].y; acc.z += wt * v[j].z; acc.w += wt * v[j].w;
+      }
     }
     *(uint2 *)(out + c) = make_uint2(fa2__pack<T>(acc.x * inv, acc.y * inv), fa2__pack<T>(acc.z * inv, acc.w * inv));
   }
-  if (a.lse && lane == 0u) a.lse[orow] = M + logf(L);
+  if (a.lse && lane == 0u) a.lse[orow] = Mw + logf(L);
 }
 
 int fa2__sm_count(void) {

@@ -647,7 +647,7 @@ __global__ void __launch_bounds__(384, 1)
     fa3__attn(const __grid_constant__ fa3__args a, const __grid_constant__ CUtensorMap tk,
               const __grid_constant__ CUtensorMap tv) {
   using C = fa3__cfg<DK, DV, ST, F8>;
-  fattn__pdl_enter();
+  fattn__pdl_wait();
   extern __shared__ __align__(16) char smem_raw[];
   char *smem = (char *)(((uintptr_t)smem_raw + 1023u) & ~(uintptr_t)1023u); /* swizzle atoms */
   char *qs = smem, *kv = smem + 2 * C::Q_WG, *raw = kv + ST * C::STAGE;
