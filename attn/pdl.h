@@ -16,11 +16,21 @@
  * wrote: step metadata, page table, the KV rows of earlier steps. That is safe because every
  * kernel between (fattn's own, and per the contract in fattn.h the caller's) waits for its
  * predecessor before it lets its successor launch, so the kernel two back has completed by
- * the time a kernel starts. Those early reads go around L1 (ld.global.cg). */
+ * the time a kernel starts, and the planner's kernels let nothing launch before they end
+ * (fattn__pdl_wait_alone). Those early reads go around L1 (ld.global.cg). */
 __device__ __forceinline__ void fattn__pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+/* Waits for the grid before, and lets the next grid launch only once this one has completed:
+ * for the planner's kernels, whose writes (step metadata, page table, copied pages) the
+ * kernels after them read before their own wait. */
+__device__ __forceinline__ void fattn__pdl_wait_alone() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 }
 

@@ -84,7 +84,7 @@ __device__ fattn__pt_update load_update(const uint8_t *updates, uint32_t i) {
  * is loaded up front; then page-table words and entries in parallel (the same derivation as
  * fattn__prep, by prefix sums); last, the completion word releases the slot to the host. */
 __global__ void __launch_bounds__(PREP_THREADS) prep_kernel(prep_args a) {
-  fattn__pdl_wait(); /* the step before may still read the area this one writes */
+  fattn__pdl_wait_alone(); /* the step before may still read the area this one writes */
   __shared__ fattn__pt_update s_up[PREP_THREADS];
   __shared__ uint4 s_box[sizeof(fattn__mailbox) / 16];
   const uint32_t tid = threadIdx.x;
@@ -172,7 +172,7 @@ __global__ void __launch_bounds__(PREP_THREADS) prep_kernel(prep_args a) {
  * 1->2) or reuse a page, so copies of one layer and pool must not run concurrently. */
 __global__ void copy_pages_kernel(const fattn__page_copy *c, uint32_t n, uint8_t *k_pool, uint8_t *v_pool,
                                   uint64_t k_layer, uint64_t v_layer, uint64_t k_page, uint64_t v_page) {
-  fattn__pdl_wait();
+  fattn__pdl_wait_alone();
   const int is_v = blockIdx.y;
   uint64_t page = is_v ? v_page : k_page;
   uint8_t *base = (is_v ? v_pool + blockIdx.x * v_layer : k_pool + blockIdx.x * k_layer);

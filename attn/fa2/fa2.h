@@ -176,16 +176,16 @@ __device__ __forceinline__ fattn__entry fa2__entry(const fattn__entry *p) {
   return e;
 }
 
-/* Copies rows [r_lo, r_hi) of one block (16-byte chunks, CH a row) for the slots in rsb: row r
- * of the block lands at dst + r * DROW. The chunk index per thread is fixed at compile time, so a copy
+/* Copies one block's rows (16-byte chunks, CH a row; with RANGE only rows [r_lo, r_hi)) for
+ * the slots in rsb: row r of the block lands at dst + r * DROW. The chunk index per thread is fixed at compile time, so a copy
  * costs one shared load of its slot, one wide multiply-add and the cp.async. */
-template <int BN, int CH, int NT, int DROW>
+template <int BN, int CH, int NT, int DROW, bool RANGE>
 __device__ __forceinline__ void fa2__rows(char *dst, const char *src, size_t stride, const uint32_t *rsb, int tid,
                                           int r_lo, int r_hi) {
 #pragma unroll
   for (int i = 0; i < (BN * CH + NT - 1) / NT; i++) {
     const int ci = tid + i * NT, r = ci / CH, c = ci % CH;
-    if ((BN * CH % NT == 0 || ci < BN * CH) && r >= r_lo && r < r_hi) {
+    if ((BN * CH % NT == 0 || ci < BN * CH) && (!RANGE || (r >= r_lo && r < r_hi))) {
       const uint32_t sl = rsb[r];
       const bool ok = sl != UINT32_MAX;
       fa2__cp16(dst + r * DROW + c * 16, src + (ok ? (size_t)sl * stride : 0u) + c * 16, ok);
@@ -256,25 +256,27 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
   const uint32_t vstride = l.mla ? HD : HDV;
   /* Pool row (page * page_size + offset) of slot r of block blk; UINT32_MAX past the range.
    * Looked up ST blocks ahead into rs, so that no page-table latency sits before a copy. */
-  auto slot_of = [&](int blk, int r) -> uint32_t {
+  auto slot_of = [&](int blk, int r, bool early) -> uint32_t {
     uint32_t j = kb + (uint32_t)blk * BN + r;
     if (blk >= nblk || j >= ke) return UINT32_MAX;
-    return ((uint32_t)__ldcg(pt + (j >> a.ps_shift)) << a.ps_shift) + (j & psm);
+    const int32_t *p = pt + (j >> a.ps_shift);
+    return ((uint32_t)(early ? __ldcg(p) : *p) << a.ps_shift) + (j & psm);
   };
   const size_t kst = (size_t)l.num_kv_heads * HD * C::KB, vst = (size_t)l.num_kv_heads * vstride * C::KB;
   const char *ksrc = kpool + (size_t)kvh * HD * C::KB, *vsrc = vpool + (size_t)kvh * vstride * C::KB;
-  auto copy = [&](int blk, int r_lo, int r_hi) {
+  auto copy = [&](auto range, int blk, int r_lo, int r_hi) {
+    constexpr bool R = decltype(range)::value;
     if (blk < nblk) {
       const int buf = blk % ST;
       const uint32_t *rsb = rs + buf * BN;
       char *kd = kv + buf * C::TILE_BYTES;
       char *vd = kd + BN * (C::CONV ? C::LRK : C::LDQ * 2);
-      fa2__rows<BN, C::CK, C::NT, C::CONV ? C::LRK : C::LDQ * 2>(kd, ksrc, kst, rsb, tid, r_lo, r_hi);
-      fa2__rows<BN, C::CV, C::NT, C::CONV ? C::LRV : C::LDV * 2>(vd, vsrc, vst, rsb, tid, r_lo, r_hi);
+      fa2__rows<BN, C::CK, C::NT, C::CONV ? C::LRK : C::LDQ * 2, R>(kd, ksrc, kst, rsb, tid, r_lo, r_hi);
+      fa2__rows<BN, C::CV, C::NT, C::CONV ? C::LRV : C::LDV * 2, R>(vd, vsrc, vst, rsb, tid, r_lo, r_hi);
     }
   };
   auto load = [&](int blk) {
-    copy(blk, 0, BN);
+    copy(std::false_type(), blk, 0, BN);
     fa2__commit();
   };
   /* Slots from e.kv_len - e.new_len on are this step's, written by the store kernel just
@@ -300,11 +302,11 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
   for (int i = 0; i < HDV / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, ls[2] = {0.f, 0.f};
 
-  for (int r = tid; r < ST * BN; r += C::NT) rs[r] = slot_of(r / BN, r % BN);
+  for (int r = tid; r < ST * BN; r += C::NT) rs[r] = slot_of(r / BN, r % BN, true);
   __syncthreads();
 #pragma unroll
   for (int s = 0; s < ST - 1; s++) {
-    copy(s, 0, old_rows(s));
+    copy(std::true_type(), s, 0, old_rows(s));
     fa2__commit();
   }
   fattn__pdl_wait();
@@ -320,7 +322,7 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
     fa2__cp16(Qs + r * C::LDQ + c * 8, src, R < Rend);
   }
 #pragma unroll
-  for (int s = 0; s < ST - 1; s++) copy(s, old_rows(s), BN);
+  for (int s = 0; s < ST - 1; s++) copy(std::true_type(), s, old_rows(s), BN);
   fa2__commit();
   fa2__wait<0>();
   uint32_t qf[C::QREG ? HD / 16 : 1][4];
@@ -349,7 +351,7 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
     fa2__wait<ST - 2>();
     __syncthreads();
     load(blk + ST - 1);
-    const uint32_t ahead = tid < BN ? slot_of(blk + ST, tid) : 0u; /* stored after the math */
+    const uint32_t ahead = tid < BN ? slot_of(blk + ST, tid, false) : 0u; /* stored after the math */
     const char *Kt = kv + (blk % ST) * C::TILE_BYTES;
     const char *Vt = Kt + BN * (C::CONV ? C::LRK : C::LDQ * 2);
     const uint32_t j0 = kb + blk * BN;
