@@ -114,15 +114,16 @@ extern "C" int fattn__fa2_attend(fattn__layer_params l, fattn__step_params s, co
     const uint32_t rows_per_cta = wide ? 32u : 16u;
     /* twice the policy's target: graph padding may leave fewer live entries than cap_entries */
     const uint32_t want = 2u * FATTN__CTAS_PER_SM * (uint32_t)fa2__sm_count();
-    grid = dim3(ctas, fa2__clamp((want + ctas - 1u) / ctas, 1u, 64u),
+    /* no entry gets more than max_splits splits: blocks past it would only exit */
+    const uint32_t ys = s.max_splits < 64u ? s.max_splits : 64u;
+    grid = dim3(ctas, fa2__clamp((want + ctas - 1u) / ctas, 1u, ys > 0u ? ys : 1u),
                 fa2__clamp((qpe * G + rows_per_cta - 1u) / rows_per_cta, 1u, 8u));
   } else {
     if (s.cap_tiles == 0u) return (int)cudaSuccess;
     grid = dim3(s.cap_tiles, l.num_q_heads, 1u);
   }
-  /* Blocks that can have work: grid.y covers every split an entry may get. */
-  const int deep = decode && !wide && grid.x * (s.max_splits < grid.y ? s.max_splits : grid.y) * grid.z <=
-                                          2u * (uint32_t)fa2__sm_count();
+  /* Blocks that can have work: all of them (grid.y stops at max_splits). */
+  const int deep = decode && !wide && grid.x * grid.y * grid.z <= 2u * (uint32_t)fa2__sm_count();
   const int kind = !decode ? FA2__KIND_PREFILL : wide ? FA2__KIND_WIDE : deep ? FA2__KIND_DEEP : FA2__KIND_DECODE;
   int err;
   switch (l.head_dim) {
