@@ -36,10 +36,8 @@ __global__ void __launch_bounds__(128) fa2__combine(const fa2__args a) {
   const float *lse = a.s.split_lse + base * qh + hq; /* split s at lse[s * qh] */
   float M = -INFINITY, L = 0.f; /* this lane's splits, then the warp's */
   for (uint32_t s = lane; s < ns; s += 32u) {
-    const float x = lse[(size_t)s * qh];
-    if (x == -INFINITY) continue;
-    const float m = fmaxf(M, x);
-    L = L * expf(M - m) + expf(x - m);
+    const float x = lse[(size_t)s * qh], m = fmaxf(M, x);
+    L = m == -INFINITY ? 0.f : L * expf(M - m) + expf(x - m);
     M = m;
   }
   float Mw = M;
@@ -64,15 +62,17 @@ __global__ void __launch_bounds__(128) fa2__combine(const fa2__args a) {
     for (uint32_t s0 = 0; s0 < ns; s0 += FA2__COMBINE_BATCH) {
       float x[FA2__COMBINE_BATCH];
       float4 v[FA2__COMBINE_BATCH];
+      /* Unconditional loads (past the last split, the last split again, weighted 0): guarded
+       * ones were issued one after another, each waiting on the one before. */
 #pragma unroll
       for (uint32_t j = 0; j < FA2__COMBINE_BATCH; j++) {
-        const bool ok = s0 + j < ns;
-        x[j] = ok ? lse[(size_t)(s0 + j) * qh] : -INFINITY;
-        v[j] = ok ? *(const float4 *)(po + (size_t)(s0 + j) * qh * dv + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+        const size_t sj = s0 + j < ns ? s0 + j : ns - 1u;
+        x[j] = lse[sj * qh];
+        v[j] = *(const float4 *)(po + sj * qh * dv + c);
       }
 #pragma unroll
       for (uint32_t j = 0; j < FA2__COMBINE_BATCH; j++) {
-        const float wt = expf(x[j] - Mw);
+        const float wt = s0 + j < ns ? expf(x[j] - Mw) : 0.f;
         acc.x += wt * v[j].x; acc.y += wt * v[j].y; acc.z += wt * v[j].z; acc.w += wt * v[j].w;
       }
     }
