@@ -11,13 +11,10 @@
 
 #ifdef __CUDACC__
 /* Waits for the grid before (all its writes visible), then lets the next grid be launched, so
- * its blocks are in place when this one ends. Most kernels call it first. The decode-side
- * kernels (fa2 store, decode and combine) first read what only earlier steps or the planner
- * wrote: step metadata, page table, the KV rows of earlier steps. That is safe because every
- * kernel between (fattn's own, and per the contract in fattn.h the caller's) waits for its
- * predecessor before it lets its successor launch, so the kernel two back has completed by
- * the time a kernel starts, and the planner's kernels let nothing launch before they end
- * (fattn__pdl_wait_alone). Those early reads go around L1 (ld.global.cg). */
+ * its blocks are in place when this one ends. Kernels call it before they read anything that
+ * the kernel just before may have written; what only the planner wrote (step header,
+ * entries) may be read before it, since the planner's kernels let nothing launch before they
+ * end (fattn__pdl_wait_alone). Such early reads go around L1 (ld.global.cg). */
 __device__ __forceinline__ void fattn__pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -26,8 +23,8 @@ __device__ __forceinline__ void fattn__pdl_wait() {
 }
 
 /* Waits for the grid before, and lets the next grid launch only once this one has completed:
- * for the planner's kernels, whose writes (step metadata, page table, copied pages) the
- * kernels after them read before their own wait. */
+ * for the planner's kernels, so that every later kernel starts after their writes (step
+ * metadata, page table, copied pages) are done. */
 __device__ __forceinline__ void fattn__pdl_wait_alone() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");

@@ -264,13 +264,7 @@ typedef struct fattn_batch {
 #define FATTN_BATCH_INIT {sizeof(fattn_batch), FATTN_MODE_DECODE, 0, NULL, NULL, NULL, NULL, NULL}
 
 /* Streams are cudaStream_t passed as void* so that the header needs no CUDA; ignored on the
- * CPU backend. Pointers to q, k, v, out, lse are device pointers (host on the CPU backend).
- * On compute capability 9.0+ fattn's kernels use programmatic dependent launch: each may
- * start while the kernel before it in the stream drains, and reads only what older kernels
- * wrote until that one has finished. So a kernel of yours between fattn calls that is itself
- * launched with programmatic stream serialisation must wait (cudaGridDependencySynchronize)
- * before it lets its dependents launch (cudaTriggerProgrammaticLaunchCompletion), as fattn's
- * own kernels do; kernels launched without that attribute need nothing. */
+ * CPU backend. Pointers to q, k, v, out, lse are device pointers (host on the CPU backend). */
 
 /* Validates the batch, ships page-table changes and step metadata; no sync, no allocation.
  * A rejected batch leaves every state unchanged. */

@@ -176,16 +176,15 @@ __device__ __forceinline__ fattn__entry fa2__entry(const fattn__entry *p) {
   return e;
 }
 
-/* Copies one block's rows (16-byte chunks, CH a row; with RANGE only rows [r_lo, r_hi)) for
- * the slots in rsb: row r of the block lands at dst + r * DROW. The chunk index per thread is fixed at compile time, so a copy
+/* Copies one block's rows (16-byte chunks, CH a row) for the slots in rsb: row r of the block
+ * lands at dst + r * DROW. The chunk index per thread is fixed at compile time, so a copy
  * costs one shared load of its slot, one wide multiply-add and the cp.async. */
-template <int BN, int CH, int NT, int DROW, bool RANGE>
-__device__ __forceinline__ void fa2__rows(char *dst, const char *src, size_t stride, const uint32_t *rsb, int tid,
-                                          int r_lo, int r_hi) {
+template <int BN, int CH, int NT, int DROW>
+__device__ __forceinline__ void fa2__rows(char *dst, const char *src, size_t stride, const uint32_t *rsb, int tid) {
 #pragma unroll
   for (int i = 0; i < (BN * CH + NT - 1) / NT; i++) {
     const int ci = tid + i * NT, r = ci / CH, c = ci % CH;
-    if ((BN * CH % NT == 0 || ci < BN * CH) && (!RANGE || (r >= r_lo && r < r_hi))) {
+    if (BN * CH % NT == 0 || ci < BN * CH) {
       const uint32_t sl = rsb[r];
       const bool ok = sl != UINT32_MAX;
       fa2__cp16(dst + r * DROW + c * 16, src + (ok ? (size_t)sl * stride : 0u) + c * 16, ok);
@@ -249,6 +248,18 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
   const uint32_t hif = min(rr.hi_all, ke);
   const int nblk = ke > kb ? (int)((ke - kb + BN - 1) / BN) : 0;
 
+  /* Q rows (zero for rows past the tile). */
+  for (int ci = tid; ci < C::BM * (HD / 8); ci += C::NT) {
+    int r = ci / (HD / 8), c = ci % (HD / 8);
+    uint32_t R = R0 + r;
+    const char *src = (const char *)a.q;
+    if (R < Rend) {
+      uint32_t t = R / G, hq = hbase + R % G;
+      src += ((size_t)(e.q_start + t) * l.num_q_heads + hq) * HD * 2 + c * 16;
+    }
+    fa2__cp16(Qs + r * C::LDQ + c * 8, src, R < Rend);
+  }
+
   const uint32_t psm = (1u << a.ps_shift) - 1u;
   const int32_t *pt = l.page_table + (size_t)e.seq * l.pages_per_seq;
   const char *kpool = (const char *)l.k_pool;
@@ -256,34 +267,23 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
   const uint32_t vstride = l.mla ? HD : HDV;
   /* Pool row (page * page_size + offset) of slot r of block blk; UINT32_MAX past the range.
    * Looked up ST blocks ahead into rs, so that no page-table latency sits before a copy. */
-  auto slot_of = [&](int blk, int r, bool early) -> uint32_t {
+  auto slot_of = [&](int blk, int r) -> uint32_t {
     uint32_t j = kb + (uint32_t)blk * BN + r;
     if (blk >= nblk || j >= ke) return UINT32_MAX;
-    const int32_t *p = pt + (j >> a.ps_shift);
-    return ((uint32_t)(early ? __ldcg(p) : *p) << a.ps_shift) + (j & psm);
+    return ((uint32_t)pt[j >> a.ps_shift] << a.ps_shift) + (j & psm);
   };
   const size_t kst = (size_t)l.num_kv_heads * HD * C::KB, vst = (size_t)l.num_kv_heads * vstride * C::KB;
   const char *ksrc = kpool + (size_t)kvh * HD * C::KB, *vsrc = vpool + (size_t)kvh * vstride * C::KB;
-  auto copy = [&](auto range, int blk, int r_lo, int r_hi) {
-    constexpr bool R = decltype(range)::value;
+  auto load = [&](int blk) {
     if (blk < nblk) {
       const int buf = blk % ST;
       const uint32_t *rsb = rs + buf * BN;
       char *kd = kv + buf * C::TILE_BYTES;
       char *vd = kd + BN * (C::CONV ? C::LRK : C::LDQ * 2);
-      fa2__rows<BN, C::CK, C::NT, C::CONV ? C::LRK : C::LDQ * 2, R>(kd, ksrc, kst, rsb, tid, r_lo, r_hi);
-      fa2__rows<BN, C::CV, C::NT, C::CONV ? C::LRV : C::LDV * 2, R>(vd, vsrc, vst, rsb, tid, r_lo, r_hi);
+      fa2__rows<BN, C::CK, C::NT, C::CONV ? C::LRK : C::LDQ * 2>(kd, ksrc, kst, rsb, tid);
+      fa2__rows<BN, C::CV, C::NT, C::CONV ? C::LRV : C::LDV * 2>(vd, vsrc, vst, rsb, tid);
     }
-  };
-  auto load = [&](int blk) {
-    copy(std::false_type(), blk, 0, BN);
     fa2__commit();
-  };
-  /* Slots from e.kv_len - e.new_len on are this step's, written by the store kernel just
-   * before: the first blocks' rows below them are copied before the wait, the rest after. */
-  auto old_rows = [&](int blk) -> int {
-    const uint32_t j0 = kb + (uint32_t)blk * BN, fresh = e.kv_len - e.new_len;
-    return fresh <= j0 ? 0 : fresh - j0 >= (uint32_t)BN ? BN : (int)(fresh - j0);
   };
 
   /* Per-thread rows: wm * 16 + g and + 8; their queries for masking. */
@@ -302,29 +302,10 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
   for (int i = 0; i < HDV / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, ls[2] = {0.f, 0.f};
 
-  for (int r = tid; r < ST * BN; r += C::NT) rs[r] = slot_of(r / BN, r % BN, true);
+  for (int r = tid; r < ST * BN; r += C::NT) rs[r] = slot_of(r / BN, r % BN);
   __syncthreads();
 #pragma unroll
-  for (int s = 0; s < ST - 1; s++) {
-    copy(std::true_type(), s, 0, old_rows(s));
-    fa2__commit();
-  }
-  fattn__pdl_wait();
-  /* Q rows (zero for rows past the tile). */
-  for (int ci = tid; ci < C::BM * (HD / 8); ci += C::NT) {
-    int r = ci / (HD / 8), c = ci % (HD / 8);
-    uint32_t R = R0 + r;
-    const char *src = (const char *)a.q;
-    if (R < Rend) {
-      uint32_t t = R / G, hq = hbase + R % G;
-      src += ((size_t)(e.q_start + t) * l.num_q_heads + hq) * HD * 2 + c * 16;
-    }
-    fa2__cp16(Qs + r * C::LDQ + c * 8, src, R < Rend);
-  }
-#pragma unroll
-  for (int s = 0; s < ST - 1; s++) copy(std::true_type(), s, old_rows(s), BN);
-  fa2__commit();
-  fa2__wait<0>();
+  for (int s = 0; s < ST - 1; s++) load(s);
   uint32_t qf[C::QREG ? HD / 16 : 1][4];
   /* Q fragment of 16-dim step ks for this warp's rows. With fp8 KV the dims are permuted to
    * match the raw-byte K fragments (a thread holds dims 4c..4c+3), and bf16 Q narrows to fp16. */
@@ -351,7 +332,7 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
     fa2__wait<ST - 2>();
     __syncthreads();
     load(blk + ST - 1);
-    const uint32_t ahead = tid < BN ? slot_of(blk + ST, tid, false) : 0u; /* stored after the math */
+    const uint32_t ahead = tid < BN ? slot_of(blk + ST, tid) : 0u; /* stored after the math */
     const char *Kt = kv + (blk % ST) * C::TILE_BYTES;
     const char *Vt = Kt + BN * (C::CONV ? C::LRK : C::LDQ * 2);
     const uint32_t j0 = kb + blk * BN;
@@ -589,19 +570,18 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
 
 template <int HD, int HDV, int MW, int NW, int BN, int ST, typename T, int KVT>
 __global__ void __launch_bounds__(MW * NW * 32, MW == 1 && NW > 1 && HD <= 128 ? (ST == FA2_DEEP_ST ? 2 : FA2_DEC_MINB) : 1) fa2__attn(const fa2__args a) {
-  /* Everything up to the wait in fa2__work reads only what the planner and earlier steps
-   * wrote (attn/pdl.h). */
+  fattn__pdl_wait();
   extern __shared__ __align__(16) char smem[];
   const fattn__step_hdr *hdr = a.s.hdr;
-  const uint32_t n = __ldcg(&hdr->num_entries);
-  const int causal = (int)__ldcg(&hdr->causal);
+  const uint32_t n = hdr->num_entries;
+  const int causal = (int)hdr->causal;
   const uint32_t G = a.l.num_q_heads / a.l.num_kv_heads;
   if constexpr (NW > 1) { /* decode kinds: GQA-packed row tiles of BM rows */
     constexpr uint32_t BM = MW * 16;
     const uint32_t ei = blockIdx.x / a.l.num_kv_heads, kvh = blockIdx.x % a.l.num_kv_heads;
     if (ei >= n) return;
-    const fattn__entry e = fa2__entry(a.s.entries + ei);
-    const bool tree = __ldcg(&hdr->mode) == 3u && e.mask_row != UINT32_MAX && a.s.mask;
+    const fattn__entry e = a.s.entries[ei];
+    const bool tree = hdr->mode == 3u && e.mask_row != UINT32_MAX && a.s.mask;
     const uint32_t ntile = (e.q_len * G + BM - 1u) / BM, nsp = e.num_splits > 1u ? e.num_splits : 1u;
     for (uint32_t rt = blockIdx.z; rt < ntile; rt += gridDim.z)
       for (uint32_t sp = blockIdx.y; sp < nsp; sp += gridDim.y)
@@ -609,9 +589,9 @@ __global__ void __launch_bounds__(MW * NW * 32, MW == 1 && NW > 1 && HD <= 128 ?
                                                    nsp > 1u, smem);
   } else {
     const uint32_t b = blockIdx.x;
-    if (b >= __ldcg(&hdr->num_tiles) || n == 0u) return;
-    const fattn__entry e = fa2__entry(a.s.entries + fa2__find(a.s.entries, n, b, 1));
-    const bool tree = __ldcg(&hdr->mode) == 3u && e.mask_row != UINT32_MAX && a.s.mask;
+    if (b >= hdr->num_tiles || n == 0u) return;
+    const fattn__entry e = a.s.entries[fa2__find(a.s.entries, n, b, 1)];
+    const bool tree = hdr->mode == 3u && e.mask_row != UINT32_MAX && a.s.mask;
     fa2__work<HD, HDV, MW, NW, BN, ST, T, KVT>(a, e, causal, tree, blockIdx.y, 1u,
                                                (b - e.tile_start) * (uint32_t)(MW * 16), 0u, false, smem);
   }
