@@ -306,6 +306,7 @@ static double run_case(const cfg *c, int route, int *ok) {
   s.cap_q_tokens = h.num_q_tokens;
   s.cap_new_tokens = h.num_new_tokens;
   s.cap_tiles = h.num_tiles;
+  s.max_splits = h.max_splits; /* as attn/step.c: the decode grid and kind follow it */
   if (route == 1) { s.cap_entries += 3; s.cap_q_tokens += 5; s.cap_tiles += 2; }
   if (route == 2) {
     if ((uint64_t)s.cap_q_tokens * G <= 16ull * s.cap_entries) s.cap_q_tokens = 16 * s.cap_entries + 1;

@@ -114,9 +114,8 @@ extern "C" int fattn__fa2_attend(fattn__layer_params l, fattn__step_params s, co
     const uint32_t rows_per_cta = wide ? 32u : 16u;
     /* twice the policy's target: graph padding may leave fewer live entries than cap_entries */
     const uint32_t want = 2u * FATTN__CTAS_PER_SM * (uint32_t)fa2__sm_count();
-    /* no entry gets more than max_splits splits: blocks past it would only exit */
-    const uint32_t ys = s.max_splits < 64u ? s.max_splits : 64u;
-    grid = dim3(ctas, fa2__clamp((want + ctas - 1u) / ctas, 1u, ys > 0u ? ys : 1u),
+    /* no entry gets more than max_splits (>= 1) splits: blocks past it would only exit */
+    grid = dim3(ctas, fa2__clamp((want + ctas - 1u) / ctas, 1u, s.max_splits < 64u ? s.max_splits : 64u),
                 fa2__clamp((qpe * G + rows_per_cta - 1u) / rows_per_cta, 1u, 8u));
   } else {
     if (s.cap_tiles == 0u) return (int)cudaSuccess;
