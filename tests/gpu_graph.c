@@ -243,6 +243,56 @@ START_TEST(back_to_back_replays_share_a_mailbox) {
 }
 END_TEST
 
+/* A kernel of the caller's launched right after the last fattn_attend, chained by programmatic
+ * dependent launch and waiting only on the grid before it, sees the whole output: every fattn
+ * kernel, the split merge included when it has nothing to merge, ends only after the kernel
+ * before it. Odd rounds: 256 short sequences, no entry split, so the merge grid has no work
+ * and the decode kernel runs waves; even rounds: a few long ones, split. */
+START_TEST(next_kernel_sees_the_whole_output) {
+  enum { BS = 256 };
+  rig r;
+  open_rig(&r, BS, BS);
+  void *copy;
+  const size_t bytes = (size_t)BS * HQ * D * 2;
+  ck_assert_int_eq(cudaMalloc(&copy, bytes), cudaSuccess);
+  static uint16_t out[BS * HQ * D], seen[BS * HQ * D];
+  uint64_t seed = 11;
+  const int rounds = getenv("FATTN_TEST_QUICK") ? 2 : 24;
+  for (int round = 0; round < rounds; round++) {
+    const uint32_t bs = round & 1 ? BS : 1 + rnd(&seed, 4);
+    uint32_t ids[BS];
+    for (uint32_t i = 0; i < bs; i++) {
+      const uint32_t len = round & 1 ? 64 + rnd(&seed, 160) : 1024 + rnd(&seed, 1000);
+      ck_assert_ok(fattn_seq_open(r.ctx, &ids[i]));
+      ck_assert_ok(fattn_seq_reserve(r.ctx, ids[i], len));
+    }
+    ck_assert_int_eq(fattn_test_gpu_randn(r.q, (size_t)BS * HQ * D, FATTN_DTYPE_BF16, 1.0f, seed), 0);
+    ck_assert_int_eq(fattn_test_gpu_randn(r.k, (size_t)BS * HKV * D, FATTN_DTYPE_BF16, 1.0f, seed + 1), 0);
+    ck_assert_int_eq(fattn_test_gpu_randn(r.v, (size_t)BS * HKV * D, FATTN_DTYPE_BF16, 1.0f, seed + 2), 0);
+    ck_assert_int_eq(fattn_test_gpu_nan(r.out, (size_t)BS * HQ * D, FATTN_DTYPE_BF16), 0);
+    ck_assert_int_eq(fattn_test_gpu_nan(copy, (size_t)BS * HQ * D, FATTN_DTYPE_BF16), 0);
+    ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
+    fattn_batch b = FATTN_BATCH_INIT;
+    b.num_seqs = bs, b.seq_ids = ids;
+    ck_assert_msg(fattn_plan(r.ctx, &b, r.stream) == FATTN_OK, "%s", fattn_detail(r.ctx));
+    layers(&r, r.stream);
+    ck_assert_int_eq(fattn_test_gpu_copy_after(r.stream, copy, r.out, bytes), 0);
+    ck_assert_int_eq(cudaStreamSynchronize(r.stream), cudaSuccess);
+    ck_assert_int_eq(cudaMemcpy(out, r.out, (size_t)bs * HQ * D * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    ck_assert_int_eq(cudaMemcpy(seen, copy, (size_t)bs * HQ * D * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    ck_assert_uint_eq(fattn_test_count_nan(out, (size_t)bs * HQ * D, FATTN_DTYPE_BF16), 0);
+    size_t differ = 0;
+    for (size_t i = 0; i < (size_t)bs * HQ * D; i++) differ += out[i] != seen[i];
+    ck_assert_msg(differ == 0, "round %d (bs %u): the next kernel read %zu of %zu output elements before they were final",
+                  round, bs, differ, (size_t)bs * HQ * D);
+    for (uint32_t i = 0; i < bs; i++) ck_assert_ok(fattn_seq_close(r.ctx, ids[i]));
+  }
+  cudaFree(copy);
+  ck_assert_ok(fattn_check(r.ctx));
+  close_rig(&r);
+}
+END_TEST
+
 /* Every default bucket (1, 2, 4, 8, 12, 16, 24, 32, then every 8 up to 256: 36) of every graph
  * mode captures in global mode at max_batch 256; a size past max_batch is refused; the memory
  * plan reports each mode's graph memory. */
@@ -273,4 +323,4 @@ START_TEST(capture_every_default_bucket) {
 END_TEST
 
 FATTN_SUITE("gpu_graph", FATTN_TEST_GPU, replay_equals_eager_every_mode, capture_that_syncs_or_allocates_fails,
-            back_to_back_replays_share_a_mailbox, capture_every_default_bucket)
+            back_to_back_replays_share_a_mailbox, next_kernel_sees_the_whole_output, capture_every_default_bucket)

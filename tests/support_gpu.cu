@@ -1,6 +1,9 @@
 /* support_gpu.cu: the GPU test helpers of tests/support_gpu.h: cuRAND Philox normal fills
- * in bf16 / fp16 / fp8 / float, NaN poisoning (whole buffers or unused pool rows), a stream hold. */
+ * in bf16 / fp16 / fp8 / float, NaN poisoning (whole buffers or unused pool rows), a stream hold,
+ * a copy chained behind the stream's last kernel. */
 #include "tests/support_gpu.h"
+
+#include "attn/pdl.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -93,6 +96,18 @@ __global__ static void hold_kernel(uint64_t ns) {
 extern "C" int fattn_test_gpu_hold(void *stream, uint32_t us) {
   hold_kernel<<<1, 1, 0, (cudaStream_t)stream>>>((uint64_t)us * 1000u);
   return (int)cudaGetLastError();
+}
+
+__global__ static void copy_after_kernel(uint4 *dst, const uint4 *src, size_t n) {
+  fattn__pdl_wait();
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    dst[i] = src[i];
+}
+
+extern "C" int fattn_test_gpu_copy_after(void *stream, void *dst, const void *src, size_t bytes) {
+  if (bytes % 16u) return (int)cudaErrorInvalidValue;
+  return (int)fattn__launch(copy_after_kernel, dim3(blocks_for(bytes / 16u)), dim3(256), 0, (cudaStream_t)stream,
+                            (uint4 *)dst, (const uint4 *)src, bytes / 16u);
 }
 
 extern "C" size_t fattn_test_count_nan(const void *x, size_t n, uint32_t dtype) {

@@ -29,6 +29,11 @@ int fattn_test_gpu_nan_rows(void *dev, const uint8_t *used_dev, size_t rows, siz
  * that work queued behind it waits: back-pressure on demand. */
 int fattn_test_gpu_hold(void *stream, uint32_t us);
 
+/* Copies bytes from src to dst in a kernel launched on stream the way a serving engine's next
+ * kernel is: programmatic dependent launch where the device has it, waiting on the grid
+ * before it in the kernel (griddepcontrol.wait) and nowhere else. */
+int fattn_test_gpu_copy_after(void *stream, void *dst, const void *src, size_t bytes);
+
 /* Number of elements of x (host, dtype) that are NaN. */
 size_t fattn_test_count_nan(const void *x, size_t n, uint32_t dtype);
 

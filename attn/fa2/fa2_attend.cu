@@ -27,11 +27,14 @@ __global__ void __launch_bounds__(128) fa2__combine(const fa2__args a) {
   const uint32_t qh = a.l.num_q_heads, dv = a.l.head_dim_v, lane = threadIdx.x & 31u;
   const uint32_t w = blockIdx.x * 4u + (threadIdx.x >> 5);
   const uint32_t tok = w / qh, hq = w % qh, n = __ldcg(&hdr->num_entries);
-  if (n == 0u || tok >= __ldcg(&hdr->num_q_tokens)) return;
-  const fattn__entry e = fa2__entry(a.s.entries + fa2__find(a.s.entries, n, tok, 0));
+  const bool live = n != 0u && tok < __ldcg(&hdr->num_q_tokens);
+  const fattn__entry e = live ? fa2__entry(a.s.entries + fa2__find(a.s.entries, n, tok, 0)) : fattn__entry{};
   const uint32_t ns = e.num_splits;
-  if (ns <= 1u) return;
+  /* Every thread waits, even one with nothing to merge: a grid that ended before the decode
+   * kernel would release the caller's next kernel onto an output still being written (a
+   * dependent's wait covers the grid just before it, not the one before that). */
   fattn__pdl_wait();
+  if (!live || ns <= 1u) return;
   const size_t base = (size_t)e.split_row + (size_t)(tok - e.q_start) * ns;
   const float *lse = a.s.split_lse + base * qh + hq; /* split s at lse[s * qh] */
   float M = -INFINITY, L = 0.f; /* this lane's splits, then the warp's */
