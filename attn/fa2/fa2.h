@@ -154,14 +154,12 @@ __device__ __forceinline__ bool fa2__vis(const fattn__layer_params &l, int causa
   return fattn__visible(&l, causal, qpos, j) != 0;
 }
 
-/* Entry owning item x of a prefix-summed field (last entry with start <= x); reads through L2,
- * so that it may run before fattn__pdl_wait. */
-__device__ __forceinline__ uint32_t fa2__find(const fattn__entry *e, uint32_t n, uint32_t x, int tiles) {
+/* Entry owning query tile b (last entry with tile_start <= b). */
+__device__ __forceinline__ uint32_t fa2__find(const fattn__entry *e, uint32_t n, uint32_t b) {
   uint32_t lo = 0, hi = n; /* answer in [lo, hi) */
   while (hi - lo > 1u) {
     uint32_t mid = (lo + hi) >> 1;
-    uint32_t v = __ldcg(tiles ? &e[mid].tile_start : &e[mid].q_start);
-    if (v <= x) lo = mid; else hi = mid;
+    if (e[mid].tile_start <= b) lo = mid; else hi = mid;
   }
   return lo;
 }
@@ -590,7 +588,7 @@ __global__ void __launch_bounds__(MW * NW * 32, MW == 1 && NW > 1 && HD <= 128 ?
   } else {
     const uint32_t b = blockIdx.x;
     if (b >= hdr->num_tiles || n == 0u) return;
-    const fattn__entry e = a.s.entries[fa2__find(a.s.entries, n, b, 1)];
+    const fattn__entry e = a.s.entries[fa2__find(a.s.entries, n, b)];
     const bool tree = hdr->mode == 3u && e.mask_row != UINT32_MAX && a.s.mask;
     fa2__work<HD, HDV, MW, NW, BN, ST, T, KVT>(a, e, causal, tree, blockIdx.y, 1u,
                                                (b - e.tile_start) * (uint32_t)(MW * 16), 0u, false, smem);

@@ -17,25 +17,14 @@ extern "C" int fattn__fa2_supports(const fattn__layer_params *l) {
 /* Splits of one row whose partial O loads are in flight together. */
 #define FA2__COMBINE_BATCH 16u
 
-/* One warp per (query token, q head): merges the split partials of split entries. The entry
- * is found before the wait (attn/pdl.h); after it, one pass over the LSEs, then the partial
- * O rows FA2__COMBINE_BATCH at a time, so that a row costs a few L2 round trips, not one a
- * split. */
+/* Merges the split partials of query t of entry e for q head hq (one warp): one pass over the
+ * LSEs, then the partial O rows FA2__COMBINE_BATCH at a time, so that a row costs a few L2
+ * round trips, not one a split. */
 template <typename T>
-__global__ void __launch_bounds__(128) fa2__combine(const fa2__args a) {
-  const fattn__step_hdr *hdr = a.s.hdr;
-  const uint32_t qh = a.l.num_q_heads, dv = a.l.head_dim_v, lane = threadIdx.x & 31u;
-  const uint32_t w = blockIdx.x * 4u + (threadIdx.x >> 5);
-  const uint32_t tok = w / qh, hq = w % qh, n = __ldcg(&hdr->num_entries);
-  const bool live = n != 0u && tok < __ldcg(&hdr->num_q_tokens);
-  const fattn__entry e = live ? fa2__entry(a.s.entries + fa2__find(a.s.entries, n, tok, 0)) : fattn__entry{};
-  const uint32_t ns = e.num_splits;
-  /* Every thread waits, even one with nothing to merge: a grid that ended before the decode
-   * kernel would release the caller's next kernel onto an output still being written (a
-   * dependent's wait covers the grid just before it, not the one before that). */
-  fattn__pdl_wait();
-  if (!live || ns <= 1u) return;
-  const size_t base = (size_t)e.split_row + (size_t)(tok - e.q_start) * ns;
+__device__ __forceinline__ void fa2__merge_row(const fa2__args &a, const fattn__entry &e, uint32_t t, uint32_t hq,
+                                               uint32_t lane) {
+  const uint32_t qh = a.l.num_q_heads, dv = a.l.head_dim_v, ns = e.num_splits;
+  const size_t base = (size_t)e.split_row + (size_t)t * ns;
   const float *lse = a.s.split_lse + base * qh + hq; /* split s at lse[s * qh] */
   float M = -INFINITY, L = 0.f; /* this lane's splits, then the warp's */
   for (uint32_t s = lane; s < ns; s += 32u) {
@@ -46,7 +35,7 @@ __global__ void __launch_bounds__(128) fa2__combine(const fa2__args a) {
   float Mw = M;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) Mw = fmaxf(Mw, __shfl_xor_sync(0xffffffffu, Mw, o));
-  const size_t orow = (size_t)tok * qh + hq;
+  const size_t orow = (size_t)(e.q_start + t) * qh + hq;
   T *out = (T *)a.out + orow * dv;
   if (Mw == -INFINITY) {
     for (uint32_t c = lane * 4u; c < dv; c += 128u)
@@ -84,6 +73,23 @@ __global__ void __launch_bounds__(128) fa2__combine(const fa2__args a) {
   if (a.lse && lane == 0u) a.lse[orow] = Mw + logf(L);
 }
 
+/* One warp per (entry, query slot, q head), qpe query slots an entry: merges the split
+ * partials of queries t = slot, slot + qpe, ... of split entries. The entry is indexed, not
+ * searched, and read before the wait (attn/pdl.h), so that no chain of loads follows it. */
+template <typename T>
+__global__ void __launch_bounds__(128) fa2__combine(const fa2__args a, uint32_t qpe) {
+  const uint32_t qh = a.l.num_q_heads, lane = threadIdx.x & 31u;
+  const uint32_t w = blockIdx.x * 4u + (threadIdx.x >> 5), ei = w / (qpe * qh), slot = w / qh % qpe, hq = w % qh;
+  const bool live = ei < __ldcg(&a.s.hdr->num_entries);
+  const fattn__entry e = live ? fa2__entry(a.s.entries + ei) : fattn__entry{};
+  /* Every thread waits, even one with nothing to merge: a grid that ended before the decode
+   * kernel would release the caller's next kernel onto an output still being written (a
+   * dependent's wait covers the grid just before it, not the one before that). */
+  fattn__pdl_wait();
+  if (!live || e.num_splits <= 1u) return;
+  for (uint32_t t = slot; t < e.q_len; t += qpe) fa2__merge_row<T>(a, e, t, hq, lane);
+}
+
 int fa2__sm_count(void) {
   static int sms; /* host attribute, read once */
   if (!sms) {
@@ -108,9 +114,11 @@ extern "C" int fattn__fa2_attend(fattn__layer_params l, fattn__step_params s, co
   const int decode = fattn__decode_kind(&l, &s);
   dim3 grid;
   int wide = 0;
+  /* query tokens an entry, rounded up (an upper bound of q_len in every mode that gets here
+   * but extends, whose kernels loop over the rest) */
+  const uint32_t qpe = (s.cap_q_tokens + s.cap_entries - 1u) / s.cap_entries;
   if (decode) {
     uint32_t ctas = s.cap_entries * l.num_kv_heads;
-    uint32_t qpe = (s.cap_q_tokens + s.cap_entries - 1u) / s.cap_entries;
     /* 32-row tiles change the column split and so the rounding; qpe is the same in a graph as
      * in its eager step for every mode that gets here (DRAFT_EXTEND does not), so replay stays exact. */
     wide = qpe * G > 16u && l.head_dim <= 128u;
@@ -136,7 +144,7 @@ extern "C" int fattn__fa2_attend(fattn__layer_params l, fattn__step_params s, co
     default: err = fa2__launch_hd256(&a, kind, grid, st); break;
   }
   if (err || !decode || !s.split_o) return err;
-  const uint32_t warps = s.cap_q_tokens * l.num_q_heads;
+  const uint32_t warps = s.cap_entries * qpe * l.num_q_heads;
   return (int)fattn__launch(l.q_dtype == 1u ? fa2__combine<__nv_bfloat16> : fa2__combine<__half>,
-                            dim3((warps + 3u) / 4u), dim3(128), 0, st, a);
+                            dim3((warps + 3u) / 4u), dim3(128), 0, st, a, qpe);
 }

@@ -254,7 +254,7 @@ static __device__ __noinline__ fa3__item fa3__claim(const fa3__args &a, uint32_t
   for (uint32_t w = k ? gridDim.x + atomicAdd(a.k.s.tile_counter, 1u) : blockIdx.x;;
        w = gridDim.x + atomicAdd(a.k.s.tile_counter, 1u)) {
     if (w >= work) return fa3__item{w, 0u};
-    const uint32_t b = num_tiles - 1u - w / qh, ei = fa2__find(a.k.s.entries, n, b, 1);
+    const uint32_t b = num_tiles - 1u - w / qh, ei = fa2__find(a.k.s.entries, n, b);
     if (((b - a.k.s.entries[ei].tile_start) & 1u) == 0u) return fa3__item{w, ei}; /* a whole tile starts on an even local index */
   }
 }
