@@ -164,16 +164,6 @@ __device__ __forceinline__ uint32_t fa2__find(const fattn__entry *e, uint32_t n,
   return lo;
 }
 
-/* An entry read through L2 (before fattn__pdl_wait). */
-__device__ __forceinline__ fattn__entry fa2__entry(const fattn__entry *p) {
-  static_assert(sizeof(fattn__entry) == 48, "an entry is three 16-byte words");
-  const uint4 *w = (const uint4 *)p;
-  const uint4 x[3] = {__ldcg(w), __ldcg(w + 1), __ldcg(w + 2)};
-  fattn__entry e;
-  memcpy(&e, x, sizeof e);
-  return e;
-}
-
 /* Copies one block's rows (16-byte chunks, CH a row) for the slots in rsb: row r of the block
  * lands at dst + r * DROW. The chunk index per thread is fixed at compile time, so a copy
  * costs one shared load of its slot, one wide multiply-add and the cp.async. */

@@ -14,6 +14,16 @@ extern "C" int fattn__fa2_supports(const fattn__layer_params *l) {
   return dims && types && ps && heads && mla;
 }
 
+/* An entry read through L2, so that the combine may read it before fattn__pdl_wait. */
+__device__ __forceinline__ fattn__entry fa2__entry(const fattn__entry *p) {
+  static_assert(sizeof(fattn__entry) == 48, "an entry is three 16-byte words");
+  const uint4 *w = (const uint4 *)p;
+  const uint4 x[3] = {__ldcg(w), __ldcg(w + 1), __ldcg(w + 2)};
+  fattn__entry e;
+  memcpy(&e, x, sizeof e);
+  return e;
+}
+
 /* Splits of one row whose partial O loads are in flight together. */
 #define FA2__COMBINE_BATCH 16u
 
@@ -82,9 +92,9 @@ __global__ void __launch_bounds__(128) fa2__combine(const fa2__args a, uint32_t 
   const uint32_t w = blockIdx.x * 4u + (threadIdx.x >> 5), ei = w / (qpe * qh), slot = w / qh % qpe, hq = w % qh;
   const bool live = ei < __ldcg(&a.s.hdr->num_entries);
   const fattn__entry e = live ? fa2__entry(a.s.entries + ei) : fattn__entry{};
-  /* Every thread waits, even one with nothing to merge: a grid that ended before the decode
-   * kernel would release the caller's next kernel onto an output still being written (a
-   * dependent's wait covers the grid just before it, not the one before that). */
+  /* Every thread waits, even one with nothing to merge: a dependent's wait is promised to
+   * cover only the grid just before it, so a merge grid that ended before the decode kernel
+   * could release the caller's next kernel onto an output still being written. */
   fattn__pdl_wait();
   if (!live || e.num_splits <= 1u) return;
   for (uint32_t t = slot; t < e.q_len; t += qpe) fa2__merge_row<T>(a, e, t, hq, lane);
@@ -114,8 +124,8 @@ extern "C" int fattn__fa2_attend(fattn__layer_params l, fattn__step_params s, co
   const int decode = fattn__decode_kind(&l, &s);
   dim3 grid;
   int wide = 0;
-  /* query tokens an entry, rounded up (an upper bound of q_len in every mode that gets here
-   * but extends, whose kernels loop over the rest) */
+  /* query tokens an entry, rounded up: every entry's q_len in the decode modes; the longer
+   * entries of extend-like steps that take the decode kind are looped over by the kernels */
   const uint32_t qpe = (s.cap_q_tokens + s.cap_entries - 1u) / s.cap_entries;
   if (decode) {
     uint32_t ctas = s.cap_entries * l.num_kv_heads;
@@ -132,7 +142,7 @@ extern "C" int fattn__fa2_attend(fattn__layer_params l, fattn__step_params s, co
     if (s.cap_tiles == 0u) return (int)cudaSuccess;
     grid = dim3(s.cap_tiles, l.num_q_heads, 1u);
   }
-  /* Blocks that can have work: all of them (grid.y stops at max_splits). */
+  /* the deep kind where the whole grid fits in under a wave at 2 blocks an SM */
   const int deep = decode && !wide && grid.x * grid.y * grid.z <= 2u * (uint32_t)fa2__sm_count();
   const int kind = !decode ? FA2__KIND_PREFILL : wide ? FA2__KIND_WIDE : deep ? FA2__KIND_DEEP : FA2__KIND_DECODE;
   int err;
