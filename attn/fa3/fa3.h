@@ -204,7 +204,7 @@ template <int DK, int DV, int ST, bool F8> struct fa3__cfg {
   static constexpr int V_BYTES = SV * KV_SLAB;
   static constexpr int STAGE = K_BYTES + V_BYTES;
   static constexpr int RAW = F8 ? BN * (DK + DV) : 0; /* fp8 rows as loaded: [BN][DK], [BN][DV] */
-  static constexpr int BARS = 3 * ST * 8 + 4 * 8 + 16; /* stages, then the work ring's 4 and its 4 words */
+  static constexpr int BARS = 4 * ST * 8 + 4 * 8 + 16; /* stages, then the work ring's 4 and its 4 words */
   static constexpr int SMEM = 1024 + 2 * Q_WG + ST * STAGE + RAW + BARS;
   /* Registers a thread of the producer and of each consumer (setmaxnreg). P + 2 C <= 504, the
    * 168 a thread the launch gave each warpgroup: consumers asking for more than the producer
@@ -281,8 +281,8 @@ __device__ __forceinline__ fa3__item fa3__take(uint64_t *sched, uint32_t k) {
  * and is all inside the sequence, else by a cp.async gather (zeros past the range). */
 template <int DK, int DV, int ST, bool F8>
 __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorMap *tk, const CUtensorMap *tv,
-                                             char *kv, char *raw, uint64_t *full_k, uint64_t *full_v, uint64_t *empty,
-                                             uint64_t *sched, uint32_t *ring) {
+                                             char *kv, char *raw, uint64_t *full_k, uint64_t *full_v, uint64_t *empty_k,
+                                             uint64_t *empty_v, uint64_t *sched, uint32_t *ring) {
   using C = fa3__cfg<DK, DV, ST, F8>;
   constexpr int BN = C::BN, EB = F8 ? 1 : 2; /* bytes an element as stored */
   constexpr int CK = DK * EB / 16, CV = DV * EB / 16; /* 16-byte chunks a row as loaded */
@@ -309,27 +309,29 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
     for (uint32_t blk = 0; blk < t.nblk; blk++, it++) {
       const uint32_t s = it % ST, ph = (it / ST) & 1u, j0 = t.kb + blk * BN;
       char *kd = kv + s * C::STAGE, *vd = kd + C::K_BYTES;
-      fa3__wait(&empty[s], ph ^ 1u);
       if (!F8 && a.use_tma && j0 + BN <= t.e.kv_len) {
         /* Lane i of warp 0 brings page i of the tile (boxes past d, at d 96, arrive as zeros);
-         * the bytes are expected before any box can land. */
-        const uint32_t pb = min(1u << a.k.ps_shift, (uint32_t)BN), lane = tid % 32u;
-        if (tid < 32u) {
-          if (lane == 0u) {
-            fa3__arrive_tx(&full_k[s], C::K_BYTES);
-            fa3__arrive_tx(&full_v[s], C::V_BYTES);
-          }
-          __syncwarp();
-          if (lane < BN / pb) {
-            const uint32_t j = j0 + lane * pb;
-            const int row = (int)(((uint32_t)pt[j >> a.k.ps_shift] << a.k.ps_shift) + (j & psm));
+         * the bytes are expected before any box can land. K goes as soon as the S GEMMs of
+         * the stage's last block are done, V once its P V GEMMs are. */
+        const uint32_t pb = min(1u << a.k.ps_shift, (uint32_t)BN), lane = tid % 32u, j = j0 + lane * pb;
+        const bool mine = tid < 32u && lane < BN / pb; /* every thread waits: the gather path
+                                                           relies on the waits' phases in step */
+        const int row = mine ? (int)(((uint32_t)pt[j >> a.k.ps_shift] << a.k.ps_shift) + (j & psm)) : 0;
+        fa3__wait(&empty_k[s], ph ^ 1u);
+        if (tid == 0u) fa3__arrive_tx(&full_k[s], C::K_BYTES);
+        __syncwarp();
+        if (mine) {
 #pragma unroll
-            for (int sl = 0; sl < C::SK; sl++)
-              fa3__tma3(kd + sl * C::KV_SLAB + lane * pb * 128u, tk, sl * 64, (int)kvh, row, &full_k[s]);
+          for (int sl = 0; sl < C::SK; sl++)
+            fa3__tma3(kd + sl * C::KV_SLAB + lane * pb * 128u, tk, sl * 64, (int)kvh, row, &full_k[s]);
+        }
+        fa3__wait(&empty_v[s], ph ^ 1u);
+        if (tid == 0u) fa3__arrive_tx(&full_v[s], C::V_BYTES);
+        __syncwarp();
+        if (mine) {
 #pragma unroll
-            for (int sl = 0; sl < C::SV; sl++)
-              fa3__tma3(vd + sl * C::KV_SLAB + lane * pb * 128u, tv, sl * 64, (int)kvh, row, &full_v[s]);
-          }
+          for (int sl = 0; sl < C::SV; sl++)
+            fa3__tma3(vd + sl * C::KV_SLAB + lane * pb * 128u, tv, sl * 64, (int)kvh, row, &full_v[s]);
         }
         continue;
       }
@@ -341,6 +343,8 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
       if (ok) slot = (size_t)(((uint32_t)pt[j >> a.k.ps_shift] << a.k.ps_shift) + (j & psm)) * nkv + kvh;
       const char *ks = (const char *)a.k.l.k_pool + slot * d * EB, *vs = (const char *)a.k.l.v_pool + slot * dv * EB;
       if constexpr (F8) {
+        fa3__wait(&empty_k[s], ph ^ 1u);
+        fa3__wait(&empty_v[s], ph ^ 1u);
         char *rk = raw + r * DK, *rv = raw + BN * DK + r * DV;
 #pragma unroll 2
         for (int c = (int)(tid / BN); c < CK; c += 128 / BN) fa2__cp16(rk + c * 16, ks + c * 16, ok && c * 16u < d);
@@ -376,19 +380,20 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
           fa3__arrive(&full_v[s]);
         }
       } else {
+        fa3__wait(&empty_k[s], ph ^ 1u);
 #pragma unroll 4
         for (int c = (int)(tid / BN); c < CK; c += 128 / BN)
           fa2__cp16(kd + (c / 8) * C::KV_SLAB + fa3__swz(r, c % 8), ks + c * 16, ok && c * 8u < d);
         fa3__arrive_cp(&full_k[s]);
+        fa3__sync(1, 128); /* every thread's pending arrive is counted before the last one */
+        if (tid == 0) fa3__arrive(&full_k[s]);
+        fa3__wait(&empty_v[s], ph ^ 1u);
 #pragma unroll 4
         for (int c = (int)(tid / BN); c < CV; c += 128 / BN)
           fa2__cp16(vd + (c / 8) * C::KV_SLAB + fa3__swz(r, c % 8), vs + c * 16, ok && c * 8u < dv);
         fa3__arrive_cp(&full_v[s]);
-        fa3__sync(1, 128); /* every thread's pending arrive is counted before the last one */
-        if (tid == 0) {
-          fa3__arrive(&full_k[s]);
-          fa3__arrive(&full_v[s]);
-        }
+        fa3__sync(1, 128);
+        if (tid == 0) fa3__arrive(&full_v[s]);
       }
     }
   }
@@ -398,7 +403,8 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
 /* ---- consumer warpgroup c: 64 query rows of each tile; S = Q K^T and O += P V by wgmma. */
 template <int DK, int DV, int ST, typename T, bool F8, typename SM>
 __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs, char *kv, uint64_t *full_k,
-                                             uint64_t *full_v, uint64_t *empty, uint64_t *sched) {
+                                             uint64_t *full_v, uint64_t *empty_k, uint64_t *empty_v,
+                                             uint64_t *sched) {
   using C = fa3__cfg<DK, DV, ST, F8>;
   constexpr int BN = C::BN, CH = DK / 8;
   const fattn__layer_params &l = a.k.l;
@@ -558,8 +564,8 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs
       fa3__wait(&bars[(it + blk) % ST], ((it + blk) / ST) & 1u);
       fa3__fence_async();
     };
-    auto release = [&](uint32_t blk) {
-      if (lane == 0) fa3__arrive(&empty[(it + blk) % ST]);
+    auto release = [&](uint64_t *bars, uint32_t blk) {
+      if (lane == 0) fa3__arrive(&bars[(it + blk) % ST]);
     };
     if (t.nblk) {
       float alpha[2];
@@ -571,6 +577,7 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs
       fa3__pin<BN / 2>(sc);
       fa3__mma_wait<0>();
       fa3__pin<BN / 2>(sc);
+      release(empty_k, 0);
       soft(0, alpha);
       pack_p();
       for (uint32_t blk = 1; blk < t.nblk; blk++) {
@@ -585,11 +592,12 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs
         fa3__pin<BN / 2>(sc);
         fa3__mma_wait<1>();
         fa3__pin<BN / 2>(sc);
+        release(empty_k, blk);
         soft(blk, alpha);
         fa3__pin<DV / 2>(o);
         fa3__mma_wait<0>();
         fa3__pin<DV / 2>(o);
-        release(blk - 1);
+        release(empty_v, blk - 1);
         if (!SM::LAZY || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
           for (int i = 0; i < DV / 8; i++) {
@@ -609,7 +617,7 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs
       fa3__pin<DV / 2>(o);
       fa3__mma_wait<0>();
       fa3__pin<DV / 2>(o);
-      release(t.nblk - 1);
+      release(empty_v, t.nblk - 1);
       it += t.nblk;
     } else {
       item = take(k + 1u);
@@ -651,13 +659,15 @@ __global__ void __launch_bounds__(384, 1)
   extern __shared__ __align__(16) char smem_raw[];
   char *smem = (char *)(((uintptr_t)smem_raw + 1023u) & ~(uintptr_t)1023u); /* swizzle atoms */
   char *qs = smem, *kv = smem + 2 * C::Q_WG, *raw = kv + ST * C::STAGE;
-  uint64_t *full_k = (uint64_t *)(raw + C::RAW), *full_v = full_k + ST, *empty = full_v + ST, *sched = empty + ST;
+  uint64_t *full_k = (uint64_t *)(raw + C::RAW), *full_v = full_k + ST, *empty_k = full_v + ST;
+  uint64_t *empty_v = empty_k + ST, *sched = empty_v + ST;
   uint32_t *ring = (uint32_t *)(sched + 4);
   if (threadIdx.x == 0) {
     for (int s = 0; s < ST; s++) {
       fa3__bar_init(&full_k[s], 1);
       fa3__bar_init(&full_v[s], 1);
-      fa3__bar_init(&empty[s], 8); /* one arrive a consumer warp */
+      fa3__bar_init(&empty_k[s], 8); /* one arrive a consumer warp */
+      fa3__bar_init(&empty_v[s], 8);
     }
     for (int s = 0; s < 2; s++) {
       fa3__bar_init(&sched[s], 1);
@@ -669,10 +679,11 @@ __global__ void __launch_bounds__(384, 1)
   const int wg = (int)(threadIdx.x / 128u);
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::P_REGS));
-    fa3__produce<DK, DV, ST, F8>(a, &tk, &tv, kv, raw, full_k, full_v, empty, sched, ring);
+    fa3__produce<DK, DV, ST, F8>(a, &tk, &tv, kv, raw, full_k, full_v, empty_k, empty_v, sched, ring);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::C_REGS));
-    fa3__consume<DK, DV, ST, T, F8, SM>(a, wg - 1, qs + (wg - 1) * C::Q_WG, kv, full_k, full_v, empty, sched);
+    fa3__consume<DK, DV, ST, T, F8, SM>(a, wg - 1, qs + (wg - 1) * C::Q_WG, kv, full_k, full_v, empty_k, empty_v,
+                                        sched);
   }
 }
 
