@@ -385,15 +385,16 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
         for (int c = (int)(tid / BN); c < CK; c += 128 / BN)
           fa2__cp16(kd + (c / 8) * C::KV_SLAB + fa3__swz(r, c % 8), ks + c * 16, ok && c * 8u < d);
         fa3__arrive_cp(&full_k[s]);
-        fa3__sync(1, 128); /* every thread's pending arrive is counted before the last one */
-        if (tid == 0) fa3__arrive(&full_k[s]);
         fa3__wait(&empty_v[s], ph ^ 1u);
 #pragma unroll 4
         for (int c = (int)(tid / BN); c < CV; c += 128 / BN)
           fa2__cp16(vd + (c / 8) * C::KV_SLAB + fa3__swz(r, c % 8), vs + c * 16, ok && c * 8u < dv);
         fa3__arrive_cp(&full_v[s]);
-        fa3__sync(1, 128);
-        if (tid == 0) fa3__arrive(&full_v[s]);
+        fa3__sync(1, 128); /* every thread's pending arrive is counted before the last one */
+        if (tid == 0) {
+          fa3__arrive(&full_k[s]);
+          fa3__arrive(&full_v[s]);
+        }
       }
     }
   }
