@@ -21,6 +21,9 @@ typedef struct kshape {
 static fattn_backend prefill_backend = FATTN_BACKEND_AUTO;
 /* `decode --max-splits N`: the split-KV bound of every context of the run (0: the default). */
 static uint32_t max_splits;
+/* `decode --backend fa2|fa3`: the decode-side backend (fa3 hands decode steps to fa2's kernels
+ * unless the library was built with FA3_TAKES_DECODE=1, as measured in docs/perf.md). */
+static fattn_backend decode_backend = FATTN_BACKEND_AUTO;
 
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
@@ -41,6 +44,7 @@ static fattn_ctx *make_ctx(const kshape *k, uint32_t *ids) {
   c.device = 0;
   c.kv_dtype = k->kv_dtype;
   c.prefill_backend = prefill_backend;
+  c.decode_backend = decode_backend;
   c.max_splits = max_splits;
   c.page_size = k->page;
   c.max_batch = k->bs;
@@ -134,11 +138,15 @@ static void header(void) {
          "kv", "ms", "GB/s", "read", "frac", "TFLOP/s");
 }
 
-/* Options: --max-splits N (the split-KV bound of the contexts; default 32). */
+/* Options: --max-splits N (the split-KV bound of the contexts; default 32), --backend fa2|fa3
+ * (the decode side's; default AUTO). */
 int fattn_bench_decode(int argc, char **argv) {
-  for (int i = 1; i < argc; i += 2)
-    if (i + 1 >= argc || strcmp(argv[i], "--max-splits") != 0 || sscanf(argv[i + 1], "%u", &max_splits) != 1)
-      fail("fattn-bench decode", "options: --max-splits N");
+  for (int i = 1; i < argc; i += 2) {
+    if (i + 1 < argc && strcmp(argv[i], "--max-splits") == 0 && sscanf(argv[i + 1], "%u", &max_splits) == 1) continue;
+    if (i + 1 < argc && strcmp(argv[i], "--backend") == 0 && strcmp(argv[i + 1], "fa2") == 0) decode_backend = FATTN_BACKEND_FA2;
+    else if (i + 1 < argc && strcmp(argv[i], "--backend") == 0 && strcmp(argv[i + 1], "fa3") == 0) decode_backend = FATTN_BACKEND_FA3;
+    else fail("fattn-bench decode", "options: --max-splits N, --backend fa2|fa3");
+  }
   if (!fattn_bench_has_gpu()) fail("fattn-bench decode", "needs a CUDA device");
   static const kshape shapes[] = {
       {FATTN_MODE_DECODE, 64, 1, 4096, 16, 32, 8, 128, FATTN_DTYPE_BF16},

@@ -51,9 +51,15 @@ extern "C" int fattn__fa3_encode_maps(const fattn__layer_params *l, void *maps) 
   return (int)cudaSuccess;
 }
 
+/* Build knob for a measurement (docs/perf.md, session 10): 1 runs fa3's own kernel on
+ * decode-like steps as well, which otherwise go to fa2's decode kernels. */
+#ifndef FA3_TAKES_DECODE
+#define FA3_TAKES_DECODE 0
+#endif
+
 extern "C" int fattn__fa3_attend(fattn__layer_params l, fattn__step_params s, const void *q, void *out,
                                  float *lse, void *stream) {
-  if (!fattn__fa3_supports(&l) || !fattn__fa3_available() || fattn__decode_kind(&l, &s))
+  if (!fattn__fa3_supports(&l) || !fattn__fa3_available() || (!FA3_TAKES_DECODE && fattn__decode_kind(&l, &s)))
     return fattn__fa2_attend(l, s, q, out, lse, stream);
   if (s.cap_entries == 0u || s.cap_q_tokens == 0u || s.cap_tiles == 0u) return (int)cudaSuccess;
   fa3__args a;
