@@ -13,6 +13,7 @@
 
 #include "attn/backend.h"
 #include "lib/dtype.h"
+#include "lib/internal.h"
 #include "tests/support.h"
 #include "tests/support_gpu.h"
 
@@ -57,7 +58,7 @@ static const char *dname(uint32_t dt) { return dt == BF ? "bf16" : dt == FP ? "f
 /* fa3 with its TMA maps wherever the page size allows them (else it gathers, or falls back to
  * fa2 for shapes it does not cover). */
 static int attend_under_test(fattn__layer_params l, fattn__step_params s, const void *q, void *out, float *lse) {
-  static _Alignas(64) uint8_t maps[256];
+  static _Alignas(64) uint8_t maps[FATTN__TMAP_BYTES];
   l.tmaps = fattn__fa3_encode_maps(&l, maps) == 0 ? maps : NULL;
   return fattn__fa3_attend(l, s, q, out, lse, NULL);
 }
