@@ -204,7 +204,8 @@ template <int DK, int DV, int ST, bool F8> struct fa3__cfg {
   static constexpr int V_BYTES = SV * KV_SLAB;
   static constexpr int STAGE = K_BYTES + V_BYTES;
   static constexpr int RAW = F8 ? BN * (DK + DV) : 0; /* fp8 rows as loaded: [BN][DK], [BN][DV] */
-  static constexpr int BARS = 4 * ST * 8 + 4 * 8 + 16; /* stages, then the work ring's 4 and its 4 words */
+  /* mbarriers: full and empty of K and of V a stage, then the work ring's 4; and its 4 words */
+  static constexpr int BARS = 4 * ST * 8 + 4 * 8 + 16;
   static constexpr int SMEM = 1024 + 2 * Q_WG + ST * STAGE + RAW + BARS;
   /* Registers a thread of the producer and of each consumer (setmaxnreg). P + 2 C <= 504, the
    * 168 a thread the launch gave each warpgroup: consumers asking for more than the producer
@@ -314,8 +315,9 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
          * the bytes are expected before any box can land. K goes as soon as the S GEMMs of
          * the stage's last block are done, V once its P V GEMMs are. */
         const uint32_t pb = min(1u << a.k.ps_shift, (uint32_t)BN), lane = tid % 32u, j = j0 + lane * pb;
-        const bool mine = tid < 32u && lane < BN / pb; /* every thread waits: the gather path
-                                                           relies on the waits' phases in step */
+        /* Every producer thread waits, not only the lanes that issue: a parity wait tells only
+         * the last two phases apart, and the gather blocks need all 128 threads in step. */
+        const bool mine = tid < 32u && lane < BN / pb;
         const int row = mine ? (int)(((uint32_t)pt[j >> a.k.ps_shift] << a.k.ps_shift) + (j & psm)) : 0;
         fa3__wait(&empty_k[s], ph ^ 1u);
         if (tid == 0u) fa3__arrive_tx(&full_k[s], C::K_BYTES);
