@@ -35,6 +35,15 @@ static void fail(const char *what, const char *why) {
   exit(1);
 }
 
+/* `--backend fa2|fa3` into *b; 0 where opt and val are not that option. */
+static int backend_arg(const char *opt, const char *val, fattn_backend *b) {
+  if (strcmp(opt, "--backend") != 0) return 0;
+  if (strcmp(val, "fa2") == 0) *b = FATTN_BACKEND_FA2;
+  else if (strcmp(val, "fa3") == 0) *b = FATTN_BACKEND_FA3;
+  else return 0;
+  return 1;
+}
+
 /* A one-layer context holding bs sequences of kv_len slots whose pages interleave (grown a
  * page at a time, round robin), with random K and V. */
 static fattn_ctx *make_ctx(const kshape *k, uint32_t *ids) {
@@ -141,12 +150,10 @@ static void header(void) {
 /* Options: --max-splits N (the split-KV bound of the contexts; default 32), --backend fa2|fa3
  * (the decode side's; default AUTO). */
 int fattn_bench_decode(int argc, char **argv) {
-  for (int i = 1; i < argc; i += 2) {
-    if (i + 1 < argc && strcmp(argv[i], "--max-splits") == 0 && sscanf(argv[i + 1], "%u", &max_splits) == 1) continue;
-    if (i + 1 < argc && strcmp(argv[i], "--backend") == 0 && strcmp(argv[i + 1], "fa2") == 0) decode_backend = FATTN_BACKEND_FA2;
-    else if (i + 1 < argc && strcmp(argv[i], "--backend") == 0 && strcmp(argv[i + 1], "fa3") == 0) decode_backend = FATTN_BACKEND_FA3;
-    else fail("fattn-bench decode", "options: --max-splits N, --backend fa2|fa3");
-  }
+  for (int i = 1; i < argc; i += 2)
+    if (i + 1 >= argc || !((strcmp(argv[i], "--max-splits") == 0 && sscanf(argv[i + 1], "%u", &max_splits) == 1) ||
+                           backend_arg(argv[i], argv[i + 1], &decode_backend)))
+      fail("fattn-bench decode", "options: --max-splits N, --backend fa2|fa3");
   if (!fattn_bench_has_gpu()) fail("fattn-bench decode", "needs a CUDA device");
   static const kshape shapes[] = {
       {FATTN_MODE_DECODE, 64, 1, 4096, 16, 32, 8, 128, FATTN_DTYPE_BF16},
@@ -180,9 +187,8 @@ int fattn_bench_prefill(int argc, char **argv) {
   const char *path = "build/prefill.csv";
   unsigned only_d = 0, only_seq = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (strcmp(argv[i], "--backend") == 0 && strcmp(argv[i + 1], "fa2") == 0) prefill_backend = FATTN_BACKEND_FA2;
-    else if (strcmp(argv[i], "--backend") == 0 && strcmp(argv[i + 1], "fa3") == 0) prefill_backend = FATTN_BACKEND_FA3;
-    else if (strcmp(argv[i], "--csv") == 0) path = argv[i + 1];
+    if (backend_arg(argv[i], argv[i + 1], &prefill_backend)) continue;
+    if (strcmp(argv[i], "--csv") == 0) path = argv[i + 1];
     else if (strcmp(argv[i], "--only") == 0 && sscanf(argv[i + 1], "%u,%u", &only_d, &only_seq) == 2) continue;
     else fail("fattn-bench prefill", "options: --backend fa2|fa3, --csv PATH, --only D,SEQ");
   }
