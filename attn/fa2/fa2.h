@@ -376,7 +376,9 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
         }
       }
     }
-    const bool full = j0 >= lo_f && j0 + BN <= hif;
+    /* full: no mask; cut: every row sees the block's slots below ke, so only the range end is
+     * masked (the short splits of a bs 1 step end inside a block) */
+    const bool full = j0 >= lo_f && j0 + BN <= hif, cut = j0 >= lo_f && ke <= hif;
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nt = 0; nt < C::WN / 8; nt++) {
@@ -388,7 +390,7 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
         if (!full) {
           uint32_t j = j0 + wn * C::WN + nt * 8 + 2 * c4 + (k & 1);
           int h = k >> 1;
-          if (!(j < ke && fa2__vis(l, causal, tree, mr[h], prefix, qp[h], j))) x = -INFINITY;
+          if (!(j < ke && (cut || fa2__vis(l, causal, tree, mr[h], prefix, qp[h], j)))) x = -INFINITY;
         }
         sc[nt][k] = x;
         mx[k >> 1] = fmaxf(mx[k >> 1], x);

@@ -28,18 +28,32 @@ __device__ __forceinline__ fattn__entry fa2__entry(const fattn__entry *p) {
 #define FA2__COMBINE_BATCH 16u
 
 /* Merges the split partials of query t of entry e for q head hq (one warp): one pass over the
- * LSEs, then the partial O rows FA2__COMBINE_BATCH at a time, so that a row costs a few L2
- * round trips, not one a split. */
+ * LSEs, then the partial O rows FA2__COMBINE_BATCH at a time (the first batch issued with the
+ * LSE pass), so that a row costs a few L2 round trips, not one a split. */
 template <typename T>
 __device__ __forceinline__ void fa2__merge_row(const fa2__args &a, const fattn__entry &e, uint32_t t, uint32_t hq,
                                                uint32_t lane) {
   const uint32_t qh = a.l.num_q_heads, dv = a.l.head_dim_v, ns = e.num_splits;
   const size_t base = (size_t)e.split_row + (size_t)t * ns;
   const float *lse = a.s.split_lse + base * qh + hq; /* split s at lse[s * qh] */
+  const float *po = a.s.split_o + (base * qh + hq) * dv; /* split s at po[s * qh * dv] */
+  float x[FA2__COMBINE_BATCH];
+  float4 v[FA2__COMBINE_BATCH];
+  /* Unconditional loads (past the last split, the last split again, weighted 0): guarded ones
+   * were issued one after another, each waiting on the one before. */
+  auto fetch = [&](uint32_t s0, uint32_t c) {
+#pragma unroll
+    for (uint32_t j = 0; j < FA2__COMBINE_BATCH; j++) {
+      const size_t sj = s0 + j < ns ? s0 + j : ns - 1u;
+      x[j] = lse[sj * qh];
+      v[j] = *(const float4 *)(po + sj * qh * dv + c);
+    }
+  };
+  fetch(0u, lane * 4u); /* in flight with the LSE pass: one round trip, not two */
   float M = -INFINITY, L = 0.f; /* this lane's splits, then the warp's */
   for (uint32_t s = lane; s < ns; s += 32u) {
-    const float x = lse[(size_t)s * qh], m = fmaxf(M, x);
-    L = m == -INFINITY ? 0.f : L * expf(M - m) + expf(x - m);
+    const float ls = lse[(size_t)s * qh], m = fmaxf(M, ls);
+    L = m == -INFINITY ? 0.f : L * expf(M - m) + expf(ls - m);
     M = m;
   }
   float Mw = M;
@@ -58,20 +72,10 @@ __device__ __forceinline__ void fa2__merge_row(const fa2__args &a, const fattn__
   for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
   if (a.l.sinks) L += expf(a.l.sinks[hq] - Mw);
   const float inv = a.o_mul / L;
-  const float *po = a.s.split_o + (base * qh + hq) * dv; /* split s at po[s * qh * dv] */
   for (uint32_t c = lane * 4u; c < dv; c += 128u) {
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     for (uint32_t s0 = 0; s0 < ns; s0 += FA2__COMBINE_BATCH) {
-      float x[FA2__COMBINE_BATCH];
-      float4 v[FA2__COMBINE_BATCH];
-      /* Unconditional loads (past the last split, the last split again, weighted 0): guarded
-       * ones were issued one after another, each waiting on the one before. */
-#pragma unroll
-      for (uint32_t j = 0; j < FA2__COMBINE_BATCH; j++) {
-        const size_t sj = s0 + j < ns ? s0 + j : ns - 1u;
-        x[j] = lse[sj * qh];
-        v[j] = *(const float4 *)(po + sj * qh * dv + c);
-      }
+      if (s0 != 0u || c != lane * 4u) fetch(s0, c);
 #pragma unroll
       for (uint32_t j = 0; j < FA2__COMBINE_BATCH; j++) {
         const float wt = s0 + j < ns ? expf(x[j] - Mw) : 0.f;
