@@ -49,7 +49,8 @@ __device__ __forceinline__ void fa2__merge_row(const fa2__args &a, const fattn__
       v[j] = *(const float4 *)(po + sj * qh * dv + c);
     }
   };
-  if (lane * 4u < dv) fetch(0u, lane * 4u); /* in flight with the LSE pass: one round trip, not two */
+  const uint32_t c0 = lane * 4u; /* this lane's first 4 dims; lanes past dv have none */
+  if (c0 < dv) fetch(0u, c0); /* in flight with the LSE pass: one round trip, not two */
   float M = -INFINITY, L = 0.f; /* this lane's splits, then the warp's */
   for (uint32_t s = lane; s < ns; s += 32u) {
     const float ls = lse[(size_t)s * qh], m = fmaxf(M, ls);
@@ -62,7 +63,7 @@ __device__ __forceinline__ void fa2__merge_row(const fa2__args &a, const fattn__
   const size_t orow = (size_t)(e.q_start + t) * qh + hq;
   T *out = (T *)a.out + orow * dv;
   if (Mw == -INFINITY) {
-    for (uint32_t c = lane * 4u; c < dv; c += 128u)
+    for (uint32_t c = c0; c < dv; c += 128u)
       *(uint2 *)(out + c) = make_uint2(0u, 0u);
     if (a.lse && lane == 0u) a.lse[orow] = a.l.sinks ? a.l.sinks[hq] : -INFINITY;
     return;
@@ -72,10 +73,10 @@ __device__ __forceinline__ void fa2__merge_row(const fa2__args &a, const fattn__
   for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
   if (a.l.sinks) L += expf(a.l.sinks[hq] - Mw);
   const float inv = a.o_mul / L;
-  for (uint32_t c = lane * 4u; c < dv; c += 128u) {
+  for (uint32_t c = c0; c < dv; c += 128u) {
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     for (uint32_t s0 = 0; s0 < ns; s0 += FA2__COMBINE_BATCH) {
-      if (s0 != 0u || c != lane * 4u) fetch(s0, c);
+      if (s0 != 0u || c != c0) fetch(s0, c); /* the first batch of the first dims is in flight */
 #pragma unroll
       for (uint32_t j = 0; j < FA2__COMBINE_BATCH; j++) {
         const float wt = s0 + j < ns ? expf(x[j] - Mw) : 0.f;
