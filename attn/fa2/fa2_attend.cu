@@ -39,7 +39,7 @@ __device__ __forceinline__ void fa2__merge_row(const fa2__args &a, const fattn__
       v[j] = *(const float4 *)(po + sj * qh * dv + c);
     }
   };
-  fetch(0u, lane * 4u); /* in flight with the LSE pass: one round trip, not two */
+  if (lane * 4u < dv) fetch(0u, lane * 4u); /* in flight with the LSE pass: one round trip, not two */
   float M = -INFINITY, L = 0.f; /* this lane's splits, then the warp's */
   for (uint32_t s = lane; s < ns; s += 32u) {
     const float ls = lse[(size_t)s * qh], m = fmaxf(M, ls);
