@@ -216,9 +216,6 @@ __device__ __forceinline__ void fa2__rows(char *dst, const char *src, size_t str
 #ifndef FA2_DEEP_ST
 #define FA2_DEEP_ST 3
 #endif
-#ifndef FA2_EARLY_MAX_BLOCKS
-#define FA2_EARLY_MAX_BLOCKS 4
-#endif
 #ifndef FA2_WIDE_NW
 #define FA2_WIDE_NW 2
 #endif
@@ -355,28 +352,24 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
   for (int i = 0; i < HDV / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, ls[2] = {0.f, 0.f};
 
-  /* A split of a few blocks spends most of its time in this prologue, so the deep kind starts
-   * it before its wait; a long split waits first (it measured 3-4% slower early at bs 1 x 32768). */
-  const bool early = C::EARLY && nblk <= FA2_EARLY_MAX_BLOCKS;
-  if (C::EARLY && !early) fattn__pdl_wait();
-  if (!early) load_q();
-  for (int r = tid; r < ST * BN; r += C::NT) rs[r] = slot_of(r / BN, r % BN, early);
+  /* The deep kind looks up its first pages and copies the rows earlier steps wrote before its
+   * wait; Q and the rest after it, one group a stage, so that the loop's count of groups in
+   * flight holds as in the other kinds (stage 0 complete once all but the last group landed). */
+  if constexpr (!C::EARLY) load_q();
+  for (int r = tid; r < ST * BN; r += C::NT) rs[r] = slot_of(r / BN, r % BN, C::EARLY);
   __syncthreads();
-  if (early) {
+  if constexpr (C::EARLY) {
 #pragma unroll
-    for (int s = 0; s < ST - 1; s++) {
-      copy(std::true_type(), s, 0, old_rows(s));
-      fa2__commit();
-    }
+    for (int s = 0; s < ST - 1; s++) copy(std::true_type(), s, 0, old_rows(s));
+    fa2__commit();
     fattn__pdl_wait();
     load_q();
+  }
 #pragma unroll
-    for (int s = 0; s < ST - 1; s++) copy(std::true_type(), s, old_rows(s), BN);
+  for (int s = 0; s < ST - 1; s++) {
+    if constexpr (C::EARLY) copy(std::true_type(), s, old_rows(s), BN);
+    else copy(std::false_type(), s, 0, BN);
     fa2__commit();
-    fa2__wait<0>(); /* the ring's groups are counted from the loop on */
-  } else {
-#pragma unroll
-    for (int s = 0; s < ST - 1; s++) load(s);
   }
   uint32_t qf[C::QREG ? HD / 16 : 1][4];
   /* Q fragment of 16-dim step ks for this warp's rows. With fp8 KV the dims are permuted to
