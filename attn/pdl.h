@@ -12,13 +12,25 @@
 #ifdef __CUDACC__
 /* Waits for the grid before (all its writes visible), then lets the next grid be launched, so
  * its blocks are in place when this one ends. Kernels call it before they read anything that
- * the kernel just before may have written; what only the planner wrote (step header,
- * entries) may be read before it, since the planner's kernels let nothing launch before they
- * end (fattn__pdl_wait_alone). Such early reads go around L1 (ld.global.cg). */
+ * the kernels before them in this step may have written. What only the planner wrote (step
+ * header, entries, page table) and the pool rows of earlier steps may be read before it, since
+ * the planner's kernels let nothing launch before they end (fattn__pdl_wait_alone). Such early
+ * reads go around L1 (ld.global.cg), and nothing is written before the wait. */
 __device__ __forceinline__ void fattn__pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+/* Lets the next grid launch at once, then waits for the grid before: the store kernel's, so
+ * that the decode kernel's deep kind does its work before its own wait (metadata, earlier
+ * steps' rows) while the store and the kernel before the store still run. A dependent's wait
+ * still covers this grid, which ends only after its own wait. */
+__device__ __forceinline__ void fattn__pdl_release_then_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 }
 

@@ -154,6 +154,16 @@ __device__ __forceinline__ bool fa2__vis(const fattn__layer_params &l, int causa
   return fattn__visible(&l, causal, qpos, j) != 0;
 }
 
+/* An entry read through L2, so that a kernel may read it before fattn__pdl_wait (attn/pdl.h). */
+__device__ __forceinline__ fattn__entry fa2__entry(const fattn__entry *p) {
+  static_assert(sizeof(fattn__entry) == 48, "an entry is three 16-byte words");
+  const uint4 *w = (const uint4 *)p;
+  const uint4 x[3] = {__ldcg(w), __ldcg(w + 1), __ldcg(w + 2)};
+  fattn__entry e;
+  memcpy(&e, x, sizeof e);
+  return e;
+}
+
 /* Entry owning query tile b (last entry with tile_start <= b). */
 __device__ __forceinline__ uint32_t fa2__find(const fattn__entry *e, uint32_t n, uint32_t b) {
   uint32_t lo = 0, hi = n; /* answer in [lo, hi) */
@@ -164,21 +174,57 @@ __device__ __forceinline__ uint32_t fa2__find(const fattn__entry *e, uint32_t n,
   return lo;
 }
 
-/* Copies one block's rows (16-byte chunks, CH a row) for the slots in rsb: row r of the block
- * lands at dst + r * DROW. The chunk index per thread is fixed at compile time, so a copy
- * costs one shared load of its slot, one wide multiply-add and the cp.async. */
-template <int BN, int CH, int NT, int DROW>
-__device__ __forceinline__ void fa2__rows(char *dst, const char *src, size_t stride, const uint32_t *rsb, int tid) {
+/* Copies one block's rows (16-byte chunks, CH a row; with RANGE only rows [r_lo, r_hi)) for
+ * the slots in rsb: row r of the block lands at dst + r * DROW. The chunk index per thread is
+ * fixed at compile time, so a copy costs one shared load of its slot, one wide multiply-add and
+ * the cp.async. */
+template <int BN, int CH, int NT, int DROW, bool RANGE>
+__device__ __forceinline__ void fa2__rows(char *dst, const char *src, size_t stride, const uint32_t *rsb, int tid,
+                                          int r_lo, int r_hi) {
 #pragma unroll
   for (int i = 0; i < (BN * CH + NT - 1) / NT; i++) {
     const int ci = tid + i * NT, r = ci / CH, c = ci % CH;
-    if (BN * CH % NT == 0 || ci < BN * CH) {
+    if ((BN * CH % NT == 0 || ci < BN * CH) && (!RANGE || (r >= r_lo && r < r_hi))) {
       const uint32_t sl = rsb[r];
       const bool ok = sl != UINT32_MAX;
       fa2__cp16(dst + r * DROW + c * 16, src + (ok ? (size_t)sl * stride : 0u) + c * 16, ok);
     }
   }
 }
+
+/* Decode tile shape and residency, fixed at build time (benchmark variants override them).
+ * Two stages and three blocks an SM (registers capped at 168) rather than three stages and
+ * two: decode is bound by the latency of each block's dependent steps, so more warps per SM
+ * pay more than a deeper ring once a block takes longer than a DRAM round trip. The wide
+ * (32-row) decode tile splits 64-slot blocks over two column warps, two stages deep (+5% on
+ * verify against 32-slot blocks at four: half the steps in the same shared memory). */
+#ifndef FA2_DEC_NW
+#define FA2_DEC_NW 4
+#endif
+#ifndef FA2_DEC_BN
+#define FA2_DEC_BN 64
+#endif
+#ifndef FA2_DEC_ST
+#define FA2_DEC_ST 2
+#endif
+#ifndef FA2_DEC_MINB
+#define FA2_DEC_MINB 3
+#endif
+/* With less than a wave of blocks nothing else hides a block's stalls, and a third stage (2
+ * blocks an SM) measured +7-9% at bs 1 x 32768 where it lost 6-15% on full grids (perf.md,
+ * decode round 3). */
+#ifndef FA2_DEEP_ST
+#define FA2_DEEP_ST 3
+#endif
+#ifndef FA2_WIDE_NW
+#define FA2_WIDE_NW 2
+#endif
+#ifndef FA2_WIDE_BN
+#define FA2_WIDE_BN 64
+#endif
+#ifndef FA2_WIDE_ST
+#define FA2_WIDE_ST 2
+#endif
 
 /* ---- the attention kernel. One CTA computes BM = 16 * MW query rows against a KV range.
  * Decode (NW > 1; MW 1, or 2 for verify): rows are the q heads of one kv head times the
@@ -201,6 +247,10 @@ struct fa2__cfg {
   static constexpr int Q_BYTES = BM * LDQ * 2;
   static constexpr int RS_BYTES = ST * BN * 4; /* pool row of each slot, per stage */
   static constexpr bool QREG = HD <= 128;      /* Q fragments held in registers */
+  /* Under a wave (the deep kind) a decode block's chain of dependent loads is the step's
+   * latency: it reads metadata and starts the copies of earlier steps' rows before its
+   * fattn__pdl_wait, while the store kernel and the caller's kernel before it still run. */
+  static constexpr bool EARLY = NW > 1 && ST == FA2_DEEP_ST;
   /* fp8 rows are padded by 16 bytes so that ldmatrix's eight rows hit distinct banks. */
   static constexpr int LRK = HD + 16, LRV = HDV + 16;
   static constexpr int TILE_BYTES = CONV ? BN * (LRK + LRV) : BN * (LDQ + LDV) * 2;
@@ -236,18 +286,6 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
   const uint32_t hif = min(rr.hi_all, ke);
   const int nblk = ke > kb ? (int)((ke - kb + BN - 1) / BN) : 0;
 
-  /* Q rows (zero for rows past the tile). */
-  for (int ci = tid; ci < C::BM * (HD / 8); ci += C::NT) {
-    int r = ci / (HD / 8), c = ci % (HD / 8);
-    uint32_t R = R0 + r;
-    const char *src = (const char *)a.q;
-    if (R < Rend) {
-      uint32_t t = R / G, hq = hbase + R % G;
-      src += ((size_t)(e.q_start + t) * l.num_q_heads + hq) * HD * 2 + c * 16;
-    }
-    fa2__cp16(Qs + r * C::LDQ + c * 8, src, R < Rend);
-  }
-
   const uint32_t psm = (1u << a.ps_shift) - 1u;
   const int32_t *pt = l.page_table + (size_t)e.seq * l.pages_per_seq;
   const char *kpool = (const char *)l.k_pool;
@@ -255,23 +293,47 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
   const uint32_t vstride = l.mla ? HD : HDV;
   /* Pool row (page * page_size + offset) of slot r of block blk; UINT32_MAX past the range.
    * Looked up ST blocks ahead into rs, so that no page-table latency sits before a copy. */
-  auto slot_of = [&](int blk, int r) -> uint32_t {
+  auto slot_of = [&](int blk, int r, bool early) -> uint32_t {
     uint32_t j = kb + (uint32_t)blk * BN + r;
     if (blk >= nblk || j >= ke) return UINT32_MAX;
-    return ((uint32_t)pt[j >> a.ps_shift] << a.ps_shift) + (j & psm);
+    const int32_t *p = pt + (j >> a.ps_shift);
+    return ((uint32_t)(early ? __ldcg(p) : *p) << a.ps_shift) + (j & psm);
   };
   const size_t kst = (size_t)l.num_kv_heads * HD * C::KB, vst = (size_t)l.num_kv_heads * vstride * C::KB;
   const char *ksrc = kpool + (size_t)kvh * HD * C::KB, *vsrc = vpool + (size_t)kvh * vstride * C::KB;
-  auto load = [&](int blk) {
+  auto copy = [&](auto range, int blk, int r_lo, int r_hi) {
+    constexpr bool RG = decltype(range)::value;
     if (blk < nblk) {
       const int buf = blk % ST;
       const uint32_t *rsb = rs + buf * BN;
       char *kd = kv + buf * C::TILE_BYTES;
       char *vd = kd + BN * (C::CONV ? C::LRK : C::LDQ * 2);
-      fa2__rows<BN, C::CK, C::NT, C::CONV ? C::LRK : C::LDQ * 2>(kd, ksrc, kst, rsb, tid);
-      fa2__rows<BN, C::CV, C::NT, C::CONV ? C::LRV : C::LDV * 2>(vd, vsrc, vst, rsb, tid);
+      fa2__rows<BN, C::CK, C::NT, C::CONV ? C::LRK : C::LDQ * 2, RG>(kd, ksrc, kst, rsb, tid, r_lo, r_hi);
+      fa2__rows<BN, C::CV, C::NT, C::CONV ? C::LRV : C::LDV * 2, RG>(vd, vsrc, vst, rsb, tid, r_lo, r_hi);
     }
+  };
+  auto load = [&](int blk) {
+    copy(std::false_type(), blk, 0, BN);
     fa2__commit();
+  };
+  /* Rows of block blk below e.kv_len - e.new_len: earlier steps wrote them, the store kernel
+   * just before writes the rest. */
+  auto old_rows = [&](int blk) -> int {
+    const uint32_t j0 = kb + (uint32_t)blk * BN, fresh = e.kv_len - e.new_len;
+    return fresh <= j0 ? 0 : fresh - j0 >= (uint32_t)BN ? BN : (int)(fresh - j0);
+  };
+  /* Q rows (zero for rows past the tile): the caller's kernel before wrote them. */
+  auto load_q = [&]() {
+    for (int ci = tid; ci < C::BM * (HD / 8); ci += C::NT) {
+      int r = ci / (HD / 8), c = ci % (HD / 8);
+      uint32_t R = R0 + r;
+      const char *src = (const char *)a.q;
+      if (R < Rend) {
+        uint32_t t = R / G, hq = hbase + R % G;
+        src += ((size_t)(e.q_start + t) * l.num_q_heads + hq) * HD * 2 + c * 16;
+      }
+      fa2__cp16(Qs + r * C::LDQ + c * 8, src, R < Rend);
+    }
   };
 
   /* Per-thread rows: wm * 16 + g and + 8; their queries for masking. */
@@ -290,10 +352,25 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
   for (int i = 0; i < HDV / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, ls[2] = {0.f, 0.f};
 
-  for (int r = tid; r < ST * BN; r += C::NT) rs[r] = slot_of(r / BN, r % BN);
+  /* The deep kind looks up its first pages and copies the rows earlier steps wrote before its
+   * wait; Q and the rest after it, one group a stage, so that the loop's count of groups in
+   * flight holds as in the other kinds (stage 0 complete once all but the last group landed). */
+  if constexpr (!C::EARLY) load_q();
+  for (int r = tid; r < ST * BN; r += C::NT) rs[r] = slot_of(r / BN, r % BN, C::EARLY);
   __syncthreads();
+  if constexpr (C::EARLY) {
 #pragma unroll
-  for (int s = 0; s < ST - 1; s++) load(s);
+    for (int s = 0; s < ST - 1; s++) copy(std::true_type(), s, 0, old_rows(s));
+    fa2__commit();
+    fattn__pdl_wait();
+    load_q();
+  }
+#pragma unroll
+  for (int s = 0; s < ST - 1; s++) {
+    if constexpr (C::EARLY) copy(std::true_type(), s, old_rows(s), BN);
+    else copy(std::false_type(), s, 0, BN);
+    fa2__commit();
+  }
   uint32_t qf[C::QREG ? HD / 16 : 1][4];
   /* Q fragment of 16-dim step ks for this warp's rows. With fp8 KV the dims are permuted to
    * match the raw-byte K fragments (a thread holds dims 4c..4c+3), and bf16 Q narrows to fp16. */
@@ -320,7 +397,7 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
     fa2__wait<ST - 2>();
     __syncthreads();
     load(blk + ST - 1);
-    const uint32_t ahead = tid < BN ? slot_of(blk + ST, tid) : 0u; /* stored after the math */
+    const uint32_t ahead = tid < BN ? slot_of(blk + ST, tid, false) : 0u; /* stored after the math */
     const char *Kt = kv + (blk % ST) * C::TILE_BYTES;
     const char *Vt = Kt + BN * (C::CONV ? C::LRK : C::LDQ * 2);
     const uint32_t j0 = kb + blk * BN;
@@ -524,59 +601,34 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
   __syncthreads();
 }
 
-/* Decode tile shape and residency, fixed at build time (benchmark variants override them).
- * Two stages and three blocks an SM (registers capped at 168) rather than three stages and
- * two: decode is bound by the latency of each block's dependent steps, so more warps per SM
- * pay more than a deeper ring once a block takes longer than a DRAM round trip. The wide
- * (32-row) decode tile splits 64-slot blocks over two column warps, two stages deep (+5% on
- * verify against 32-slot blocks at four: half the steps in the same shared memory). */
-#ifndef FA2_DEC_NW
-#define FA2_DEC_NW 4
-#endif
-#ifndef FA2_DEC_BN
-#define FA2_DEC_BN 64
-#endif
-#ifndef FA2_DEC_ST
-#define FA2_DEC_ST 2
-#endif
-#ifndef FA2_DEC_MINB
-#define FA2_DEC_MINB 3
-#endif
-/* With less than a wave of blocks nothing else hides a block's stalls, and a third stage (2
- * blocks an SM) measured +7-9% at bs 1 x 32768 where it lost 6-15% on full grids (perf.md,
- * decode round 3). */
-#ifndef FA2_DEEP_ST
-#define FA2_DEEP_ST 3
-#endif
-#ifndef FA2_WIDE_NW
-#define FA2_WIDE_NW 2
-#endif
-#ifndef FA2_WIDE_BN
-#define FA2_WIDE_BN 64
-#endif
-#ifndef FA2_WIDE_ST
-#define FA2_WIDE_ST 2
-#endif
-
 template <int HD, int HDV, int MW, int NW, int BN, int ST, typename T, int KVT>
 __global__ void __launch_bounds__(MW * NW * 32, MW == 1 && NW > 1 && HD <= 128 ? (ST == FA2_DEEP_ST ? 2 : FA2_DEC_MINB) : 1) fa2__attn(const fa2__args a) {
-  fattn__pdl_wait();
+  using C = fa2__cfg<HD, HDV, MW, NW, BN, ST, T, KVT>;
+  if constexpr (!C::EARLY) fattn__pdl_wait();
   extern __shared__ __align__(16) char smem[];
   const fattn__step_hdr *hdr = a.s.hdr;
-  const uint32_t n = hdr->num_entries;
-  const int causal = (int)hdr->causal;
+  /* before the wait, the planner's header and entries are read around L1 */
+  auto ld = [](const uint32_t *p) -> uint32_t { return C::EARLY ? __ldcg(p) : *p; };
+  const uint32_t n = ld(&hdr->num_entries);
+  const int causal = (int)ld(&hdr->causal);
   const uint32_t G = a.l.num_q_heads / a.l.num_kv_heads;
   if constexpr (NW > 1) { /* decode kinds: GQA-packed row tiles of BM rows */
     constexpr uint32_t BM = MW * 16;
     const uint32_t ei = blockIdx.x / a.l.num_kv_heads, kvh = blockIdx.x % a.l.num_kv_heads;
-    if (ei >= n) return;
-    const fattn__entry e = a.s.entries[ei];
-    const bool tree = hdr->mode == 3u && e.mask_row != UINT32_MAX && a.s.mask;
-    const uint32_t ntile = (e.q_len * G + BM - 1u) / BM, nsp = e.num_splits > 1u ? e.num_splits : 1u;
-    for (uint32_t rt = blockIdx.z; rt < ntile; rt += gridDim.z)
-      for (uint32_t sp = blockIdx.y; sp < nsp; sp += gridDim.y)
-        fa2__work<HD, HDV, MW, NW, BN, ST, T, KVT>(a, e, causal, tree, kvh * G, G, rt * BM, sp,
-                                                   nsp > 1u, smem);
+    fattn__entry e;
+    /* the deep kind loads its entry with the header: the slot exists whatever n is */
+    if constexpr (C::EARLY) e = fa2__entry(a.s.entries + ei);
+    if (ei < n) {
+      if constexpr (!C::EARLY) e = a.s.entries[ei];
+      const bool tree = ld(&hdr->mode) == 3u && e.mask_row != UINT32_MAX && a.s.mask;
+      const uint32_t ntile = (e.q_len * G + BM - 1u) / BM, nsp = e.num_splits > 1u ? e.num_splits : 1u;
+      for (uint32_t rt = blockIdx.z; rt < ntile; rt += gridDim.z)
+        for (uint32_t sp = blockIdx.y; sp < nsp; sp += gridDim.y)
+          fa2__work<HD, HDV, MW, NW, BN, ST, T, KVT>(a, e, causal, tree, kvh * G, G, rt * BM, sp,
+                                                     nsp > 1u, smem);
+    }
+    /* a block with no work waits too: no grid may end before the one it follows */
+    if constexpr (C::EARLY) fattn__pdl_wait();
   } else {
     const uint32_t b = blockIdx.x;
     if (b >= hdr->num_tiles || n == 0u) return;

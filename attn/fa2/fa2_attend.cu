@@ -14,16 +14,6 @@ extern "C" int fattn__fa2_supports(const fattn__layer_params *l) {
   return dims && types && ps && heads && mla;
 }
 
-/* An entry read through L2, so that the combine may read it before fattn__pdl_wait. */
-__device__ __forceinline__ fattn__entry fa2__entry(const fattn__entry *p) {
-  static_assert(sizeof(fattn__entry) == 48, "an entry is three 16-byte words");
-  const uint4 *w = (const uint4 *)p;
-  const uint4 x[3] = {__ldcg(w), __ldcg(w + 1), __ldcg(w + 2)};
-  fattn__entry e;
-  memcpy(&e, x, sizeof e);
-  return e;
-}
-
 /* Splits of one row whose partial O loads are in flight together. */
 #define FA2__COMBINE_BATCH 16u
 

@@ -10,7 +10,7 @@ __device__ __forceinline__ float fa2__ld(const void *p, size_t i, uint32_t dt) {
 /* One CTA per new row; a thread moves 8 elements of one (K or V, kv head) piece. */
 __global__ void __launch_bounds__(256) fa2__store(const fattn__layer_params l, const fattn__step_params s,
                                                   const void *k, const void *v) {
-  fattn__pdl_wait();
+  fattn__pdl_release_then_wait(); /* the decode kernel after it has work before its own wait */
   const fattn__step_hdr *hdr = s.hdr;
   const uint32_t row = blockIdx.x, n = hdr->num_entries;
   if (n == 0u || row >= hdr->num_new_tokens) return;
