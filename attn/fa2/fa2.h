@@ -367,9 +367,12 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
   }
 #pragma unroll
   for (int s = 0; s < ST - 1; s++) {
-    if constexpr (C::EARLY) copy(std::true_type(), s, old_rows(s), BN);
-    else copy(std::false_type(), s, 0, BN);
-    fa2__commit();
+    if constexpr (C::EARLY) {
+      copy(std::true_type(), s, old_rows(s), BN);
+      fa2__commit();
+    } else {
+      load(s);
+    }
   }
   uint32_t qf[C::QREG ? HD / 16 : 1][4];
   /* Q fragment of 16-dim step ks for this warp's rows. With fp8 KV the dims are permuted to
