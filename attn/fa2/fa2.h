@@ -353,8 +353,9 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
   float m[2] = {-INFINITY, -INFINITY}, ls[2] = {0.f, 0.f};
 
   /* The deep kind looks up its first pages and copies the rows earlier steps wrote before its
-   * wait; Q and the rest after it, one group a stage, so that the loop's count of groups in
-   * flight holds as in the other kinds (stage 0 complete once all but the last group landed). */
+   * wait, then Q and the rest of its first stages after it. Its groups are the early rows, the
+   * rest with Q, and an empty one, so that the loop's first wait (all but the newest group)
+   * covers every row of the first stages, as it covers stage 0 in the other kinds. */
   if constexpr (!C::EARLY) load_q();
   for (int r = tid; r < ST * BN; r += C::NT) rs[r] = slot_of(r / BN, r % BN, C::EARLY);
   __syncthreads();
@@ -364,15 +365,26 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
     fa2__commit();
     fattn__pdl_wait();
     load_q();
-  }
-#pragma unroll
-  for (int s = 0; s < ST - 1; s++) {
-    if constexpr (C::EARLY) {
-      copy(std::true_type(), s, old_rows(s), BN);
-      fa2__commit();
-    } else {
-      load(s);
+    /* The rest of the first stages' rows (this step's, and zeros past the range) by a loop of
+     * its own: as a second ranged copy of the same stages (session 12's U) it changed the main
+     * loop's code, ~23 more instructions a warp an iteration (perf.md, session 12). */
+    const uint32_t rows = (uint32_t)min(nblk, ST - 1) * BN;
+    const uint32_t f0 = min(max(e.kv_len - e.new_len, kb) - kb, rows);
+    constexpr int CH = C::CK + C::CV, KROW = C::CONV ? C::LRK : C::LDQ * 2, VROW = C::CONV ? C::LRV : C::LDV * 2;
+    for (int ci = tid; ci < (int)(rows - f0) * CH; ci += C::NT) {
+      const int r = (int)f0 + ci / CH, c = ci % CH;
+      const uint32_t sl = rs[r];
+      const bool ok = sl != UINT32_MAX;
+      const size_t at = ok ? sl : 0u;
+      char *kd = kv + (r / BN) * C::TILE_BYTES + (r % BN) * KROW;
+      if (c < C::CK) fa2__cp16(kd + c * 16, ksrc + at * kst + c * 16, ok);
+      else fa2__cp16(kd + BN * KROW + (r % BN) * (VROW - KROW) + (c - C::CK) * 16, vsrc + at * vst + (c - C::CK) * 16, ok);
     }
+    fa2__commit();
+    fa2__commit(); /* the empty group */
+  } else {
+#pragma unroll
+    for (int s = 0; s < ST - 1; s++) load(s);
   }
   uint32_t qf[C::QREG ? HD / 16 : 1][4];
   /* Q fragment of 16-dim step ks for this warp's rows. With fp8 KV the dims are permuted to
