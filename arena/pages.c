@@ -10,6 +10,7 @@ fattn_status fattn__pages_init(fattn_ctx *ctx) {
   p->num_pages = ctx->lay.num_pages;
   p->pages_per_seq = ctx->lay.pages_per_seq;
   p->page_size = ctx->n.cfg.page_size;
+  p->page_shift = (uint32_t)__builtin_ctz(p->page_size);
   p->max_seqs = ctx->n.max_seqs;
   p->max_seq_len = ctx->n.cfg.max_seq_len;
   p->caller_owned = (ctx->n.cfg.flags & FATTN_FLAG_CALLER_PAGES) != 0;
@@ -55,7 +56,7 @@ static uint32_t *row_of(fattn__pages *p, uint32_t seq) {
 }
 
 static uint32_t pages_for(const fattn__pages *p, uint32_t tokens) {
-  return (uint32_t)(((uint64_t)tokens + p->page_size - 1) / p->page_size);
+  return (uint32_t)(((uint64_t)tokens + p->page_size - 1) >> p->page_shift);
 }
 
 static void page_unref(fattn__pages *p, uint32_t page) {
@@ -111,7 +112,7 @@ fattn_status fattn_seq_reserve(fattn_ctx *ctx, uint32_t seq, uint32_t num_tokens
   if (num_tokens <= s->len) return FATTN_OK;
   uint32_t *row = row_of(p, seq);
   uint32_t need = pages_for(p, num_tokens);
-  int cow = s->len % p->page_size != 0 && p->refcount[row[s->npages - 1]] > 1;
+  int cow = (s->len & (p->page_size - 1)) != 0 && p->refcount[row[s->npages - 1]] > 1;
   uint32_t want = need - s->npages + (cow ? 1u : 0u);
   if (want > p->free_top)
     return fattn__fail(ctx, FATTN_ERR_CAPACITY,

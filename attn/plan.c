@@ -18,65 +18,102 @@ static int spec_mode(fattn_mode m) {
   return m == FATTN_MODE_TARGET_VERIFY || m == FATTN_MODE_DRAFT_DECODE || m == FATTN_MODE_DRAFT_EXTEND;
 }
 
-/* Entry i's query tokens, attended slots and stored slots, with the batch's defaults. */
-static void entry_lens(const fattn_ctx *ctx, const fattn_batch *b, uint32_t i, uint32_t *q, uint32_t *kv,
-                       uint32_t *nw) {
-  *q = b->q_lens ? b->q_lens[i] : (b->mode == FATTN_MODE_TARGET_VERIFY ? ctx->n.cfg.spec_draft_tokens : 1u);
-  *kv = b->kv_lens ? b->kv_lens[i] : ctx->pages.seqs[b->seq_ids[i]].len;
-  *nw = b->mode == FATTN_MODE_CROSS ? (b->kv_new_lens ? b->kv_new_lens[i] : 0u) : *q;
+/* What the per-entry checks and the fill read, loaded once a batch: kept in a local, these
+ * are not reloaded after each store into the sequence records (a uint32_t store may alias). */
+typedef struct entry_src {
+  const uint32_t *seq_ids, *q_lens, *kv_lens, *kv_new_lens;
+  const fattn__seq *seqs;
+  const uint32_t *table, *refcount;
+  uint32_t q_default, cross, mode, max_seqs, pages_per_seq, page_shift, check_shared;
+  uint32_t draft_tokens, max_encoder_len, max_seq_len;
+} entry_src;
+
+static entry_src entry_src_of(const fattn_ctx *ctx, const fattn_batch *b) {
+  const fattn__pages *p = &ctx->pages;
+  const fattn_config *c = &ctx->n.cfg;
+  return (entry_src){b->seq_ids,
+                     b->q_lens,
+                     b->kv_lens,
+                     b->kv_new_lens,
+                     p->seqs,
+                     p->table,
+                     p->refcount,
+                     b->mode == FATTN_MODE_TARGET_VERIFY ? c->spec_draft_tokens : 1u,
+                     b->mode == FATTN_MODE_CROSS,
+                     (uint32_t)b->mode,
+                     p->max_seqs,
+                     p->pages_per_seq,
+                     p->page_shift,
+                     !p->caller_owned,
+                     c->spec_draft_tokens,
+                     c->max_encoder_len,
+                     c->max_seq_len};
 }
 
-static fattn_status check_entry(fattn_ctx *ctx, const fattn_batch *b, uint32_t i, uint32_t *q,
-                                uint32_t *kv, uint32_t *nw) {
-  const fattn_config *c = &ctx->n.cfg;
-  fattn__pages *p = &ctx->pages;
-  uint32_t seq = b->seq_ids[i];
-  if (seq >= p->max_seqs || !p->seqs[seq].open)
+/* An entry's query tokens, attended slots and stored slots. */
+typedef struct entry_lens {
+  uint32_t q, kv, nw;
+} entry_lens;
+
+/* Entry i's lengths, with the batch's defaults. */
+static inline entry_lens lens_of(const entry_src *s, uint32_t i) {
+  const uint32_t q = s->q_lens ? s->q_lens[i] : s->q_default;
+  return (entry_lens){q, s->kv_lens ? s->kv_lens[i] : s->seqs[s->seq_ids[i]].len,
+                      s->cross ? (s->kv_new_lens ? s->kv_new_lens[i] : 0u) : q};
+}
+
+static inline fattn_status check_entry(fattn_ctx *ctx, const entry_src *s, uint32_t stamp, uint32_t i,
+                                       entry_lens *out) {
+  const uint32_t seq = s->seq_ids[i];
+  if (seq >= s->max_seqs || !s->seqs[seq].open)
     return fattn__fail(ctx, FATTN_ERR_NOT_FOUND, "batch entry %u: sequence %u is not open", i, seq);
-  if (p->seqs[seq].stamp == ctx->plan_stamp)
+  if (s->seqs[seq].stamp == stamp)
     return fattn__fail(ctx, FATTN_ERR_INVALID, "batch entry %u: sequence %u appears twice", i, seq);
-  uint32_t len = p->seqs[seq].len;
-  entry_lens(ctx, b, i, q, kv, nw);
-  switch (b->mode) {
+  const uint32_t len = s->seqs[seq].len;
+  const entry_lens L = lens_of(s, i);
+  const uint32_t q = L.q, kv = L.kv, nw = L.nw;
+  switch (s->mode) {
     case FATTN_MODE_DECODE:
     case FATTN_MODE_DRAFT_DECODE:
-      if (*q != 1) return fattn__fail(ctx, FATTN_ERR_INVALID, "batch entry %u: q_len %u, decode takes 1", i, *q);
+      if (q != 1) return fattn__fail(ctx, FATTN_ERR_INVALID, "batch entry %u: q_len %u, decode takes 1", i, q);
       break;
     case FATTN_MODE_TARGET_VERIFY:
-      if (*q != c->spec_draft_tokens)
+      if (q != s->draft_tokens)
         return fattn__fail(ctx, FATTN_ERR_INVALID, "batch entry %u: q_len %u, verify takes spec_draft_tokens %u",
-                           i, *q, c->spec_draft_tokens);
+                           i, q, s->draft_tokens);
       break;
     case FATTN_MODE_DRAFT_EXTEND:
-      if (*q == 0 || *q > c->spec_draft_tokens + 1)
-        return fattn__fail(ctx, FATTN_ERR_INVALID, "batch entry %u: q_len %u, draft extend takes 1..%u", i,
-                           *q, c->spec_draft_tokens + 1);
+      if (q == 0 || q > s->draft_tokens + 1)
+        return fattn__fail(ctx, FATTN_ERR_INVALID, "batch entry %u: q_len %u, draft extend takes 1..%u", i, q,
+                           s->draft_tokens + 1);
       break;
     default:
-      if (*q == 0) return fattn__fail(ctx, FATTN_ERR_INVALID, "batch entry %u: q_len 0", i);
+      if (q == 0) return fattn__fail(ctx, FATTN_ERR_INVALID, "batch entry %u: q_len 0", i);
   }
-  if (b->mode == FATTN_MODE_CROSS) {
-    if (*kv > c->max_encoder_len)
+  if (s->cross) {
+    if (kv > s->max_encoder_len)
       return fattn__fail(ctx, FATTN_ERR_INVALID, "batch entry %u: encoder length %u over max_encoder_len %u", i,
-                         *kv, c->max_encoder_len);
-    if (*nw > *kv)
-      return fattn__fail(ctx, FATTN_ERR_INVALID, "batch entry %u: kv_new_len %u over encoder length %u", i, *nw, *kv);
-  } else if (*kv < *q) {
-    return fattn__fail(ctx, FATTN_ERR_INVALID, "batch entry %u: kv_len %u < q_len %u", i, *kv, *q);
+                         kv, s->max_encoder_len);
+    if (nw > kv)
+      return fattn__fail(ctx, FATTN_ERR_INVALID, "batch entry %u: kv_new_len %u over encoder length %u", i, nw, kv);
+  } else if (kv < q) {
+    return fattn__fail(ctx, FATTN_ERR_INVALID, "batch entry %u: kv_len %u < q_len %u", i, kv, q);
   }
-  if (*kv > c->max_seq_len)
-    return fattn__fail(ctx, FATTN_ERR_INVALID, "batch entry %u: kv_len %u over max_seq_len %u", i, *kv, c->max_seq_len);
-  if (*kv > len)
+  if (kv > s->max_seq_len)
+    return fattn__fail(ctx, FATTN_ERR_INVALID, "batch entry %u: kv_len %u over max_seq_len %u", i, kv,
+                       s->max_seq_len);
+  if (kv > len)
     return fattn__fail(ctx, FATTN_ERR_INVALID, "batch entry %u: kv_len %u over sequence %u's %u reserved slots", i,
-                       *kv, seq, len);
-  if (!p->caller_owned && *nw) { /* a write into a shared page would change the other sequences too */
-    const uint32_t *row = p->table + (size_t)seq * p->pages_per_seq;
-    for (uint32_t pg = (*kv - *nw) / p->page_size; pg <= (*kv - 1) / p->page_size; pg++)
-      if (p->refcount[row[pg]] > 1)
+                       kv, seq, len);
+  if (s->check_shared && nw) { /* a write into a shared page would change the other sequences too */
+    const uint32_t *row = s->table + (size_t)seq * s->pages_per_seq;
+    for (uint32_t pg = (kv - nw) >> s->page_shift; pg <= (kv - 1) >> s->page_shift; pg++)
+      if (s->refcount[row[pg]] > 1)
         return fattn__fail(ctx, FATTN_ERR_INVALID,
                            "batch entry %u: new slots of sequence %u lie in page %u, shared with a fork", i, seq,
                            row[pg]);
   }
+  *out = L;
   return FATTN_OK;
 }
 
@@ -123,17 +160,19 @@ static fattn_status validate(fattn_ctx *ctx, const fattn_batch *b, uint32_t cap_
   fattn_status st = check_mask(ctx, b, &info->mask_rows);
   if (st) return st;
   info->entries = n;
-  ctx->plan_stamp++;
+  const uint32_t stamp = ++ctx->plan_stamp;
+  const entry_src src = entry_src_of(ctx, b);
   uint64_t q_tokens = 0, new_tokens = 0;
+  uint32_t tiles = 0;
   for (uint32_t i = 0; i < n; i++) {
-    uint32_t q = 0, kv = 0, nw = 0;
-    if ((st = check_entry(ctx, b, i, &q, &kv, &nw))) break;
-    ctx->pages.seqs[b->seq_ids[i]].stamp = ctx->plan_stamp;
-    q_tokens += q;
-    new_tokens += nw;
-    info->tiles += fattn__ceil_div(q, FATTN__Q_TILE);
+    entry_lens L = {0, 0, 0};
+    if ((st = check_entry(ctx, &src, stamp, i, &L))) return st;
+    ctx->pages.seqs[src.seq_ids[i]].stamp = stamp;
+    q_tokens += L.q;
+    new_tokens += L.nw;
+    tiles += fattn__ceil_div(L.q, FATTN__Q_TILE);
   }
-  if (st) return st;
+  info->tiles = tiles;
   if (q_tokens > c->max_q_tokens)
     return fattn__fail(ctx, FATTN_ERR_INVALID, "%llu query tokens: over max_q_tokens %u",
                        (unsigned long long)q_tokens, c->max_q_tokens);
@@ -296,20 +335,17 @@ fattn_status fattn__plan_into(fattn_ctx *ctx, const fattn_batch *b, void *stream
   h->num_entries = info.entries;
   h->num_mask_rows = info.mask_rows;
   fattn__entry *e = (fattn__entry *)(slot + fattn__area_entries_off());
-  const uint32_t nd = ctx->n.cfg.spec_draft_tokens;
+  const entry_src src = entry_src_of(ctx, b);
+  const uint32_t mask_step = info.mask_rows ? ctx->n.cfg.spec_draft_tokens : 0u;
   for (uint32_t i = 0; i < info.entries; i++) {
-    memset(&e[i], 0, sizeof e[i]);
-    e[i].seq = b->seq_ids[i];
-    entry_lens(ctx, b, i, &e[i].q_len, &e[i].kv_len, &e[i].new_len);
-    e[i].mask_row = info.mask_rows ? i * nd : UINT32_MAX;
+    const entry_lens L = lens_of(&src, i);
+    e[i] = (fattn__entry){.seq = src.seq_ids[i], .q_len = L.q, .kv_len = L.kv, .new_len = L.nw,
+                          .mask_row = mask_step ? i * mask_step : UINT32_MAX};
   }
   h->num_live = info.entries;
   uint32_t padded = t->dst ? t->cap_entries : info.entries;
-  for (uint32_t i = info.entries; i < padded; i++) { /* kv_len 0: sees nothing, writes zeros */
-    memset(&e[i], 0, sizeof e[i]);
-    e[i].q_len = t->pad_q_len;
-    e[i].mask_row = UINT32_MAX;
-  }
+  for (uint32_t i = info.entries; i < padded; i++) /* kv_len 0: sees nothing, writes zeros */
+    e[i] = (fattn__entry){.q_len = t->pad_q_len, .mask_row = UINT32_MAX};
   h->num_entries = padded;
   if (info.mask_rows) memcpy(slot + fattn__area_mask_off(ctx->n.max_entries), b->tree_mask, (size_t)info.mask_rows * 8);
   if ((st = submit(ctx, slot, index, t, stream))) return st;
