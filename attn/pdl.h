@@ -23,19 +23,18 @@ __device__ __forceinline__ void fattn__pdl_wait() {
 #endif
 }
 
-/* Lets the next grid launch at once, then waits for the grid before: the store kernel's, so
- * that the decode kernel's deep kind does its work before its own wait (metadata, earlier
- * steps' rows) while the store and the kernel before the store still run. A dependent's wait
- * still covers this grid, which ends only after its own wait. */
-__device__ __forceinline__ void fattn__pdl_release_then_wait() {
+/* Lets the next grid launch at once: the store kernel's first instruction, so that the decode
+ * kernel's deep kind does its work before its own wait while the store and the kernel before
+ * the store still run. The store then reads its metadata and waits (fattn__pdl_wait_alone);
+ * a dependent's wait still covers it, since it ends only after that wait. */
+__device__ __forceinline__ void fattn__pdl_release() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 }
 
-/* Waits for the grid before, and lets the next grid launch only once this one has completed:
- * for the planner's kernels, so that every later kernel starts after their writes (step
+/* Waits for the grid before, and lets the next grid launch only once this one has completed
+ * (unless it released it already, as the store does): for the planner's kernels, so that every later kernel starts after their writes (step
  * metadata, page table, copied pages) are done. */
 __device__ __forceinline__ void fattn__pdl_wait_alone() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -10,19 +10,25 @@ __device__ __forceinline__ float fa2__ld(const void *p, size_t i, uint32_t dt) {
 /* One CTA per new row; a thread moves 8 elements of one (K or V, kv head) piece. */
 __global__ void __launch_bounds__(256) fa2__store(const fattn__layer_params l, const fattn__step_params s,
                                                   const void *k, const void *v) {
-  fattn__pdl_release_then_wait(); /* the decode kernel after it has work before its own wait */
-  const fattn__step_hdr *hdr = s.hdr;
-  const uint32_t row = blockIdx.x, n = hdr->num_entries;
-  if (n == 0u || row >= hdr->num_new_tokens) return;
-  uint32_t lo = 0, hi = n;
-  while (hi - lo > 1u) {
-    uint32_t mid = (lo + hi) >> 1;
-    if (s.entries[mid].new_start <= row) lo = mid; else hi = mid;
+  fattn__pdl_release(); /* the decode kernel after it has work before its own wait */
+  /* The row's place comes from what only the planner wrote, read before the wait (attn/pdl.h):
+   * after it, only the row's load and its write are left on the step's chain. */
+  const uint32_t row = blockIdx.x, n = __ldcg(&s.hdr->num_entries);
+  const bool live = n != 0u && row < __ldcg(&s.hdr->num_new_tokens);
+  size_t dst_row = 0;
+  if (live) {
+    uint32_t lo = 0, hi = n;
+    while (hi - lo > 1u) {
+      uint32_t mid = (lo + hi) >> 1;
+      if (__ldcg(&s.entries[mid].new_start) <= row) lo = mid; else hi = mid;
+    }
+    const fattn__entry e = fa2__entry(s.entries + lo);
+    const uint32_t slot = e.kv_len - e.new_len + (row - e.new_start);
+    const uint32_t pg = (uint32_t)__ldcg(l.page_table + (size_t)e.seq * l.pages_per_seq + slot / l.page_size);
+    dst_row = ((size_t)pg * l.page_size + slot % l.page_size) * l.num_kv_heads;
   }
-  const fattn__entry e = s.entries[lo];
-  const uint32_t slot = e.kv_len - e.new_len + (row - e.new_start);
-  const uint32_t pg = (uint32_t)l.page_table[(size_t)e.seq * l.pages_per_seq + slot / l.page_size];
-  const size_t dst_row = ((size_t)pg * l.page_size + slot % l.page_size) * l.num_kv_heads;
+  fattn__pdl_wait_alone(); /* every block: this grid must not end before the one it follows */
+  if (!live) return;
   const uint32_t kc = l.num_kv_heads * l.head_dim / 8u;
   const uint32_t vc = l.mla ? 0u : l.num_kv_heads * l.head_dim_v / 8u;
   for (uint32_t c = threadIdx.x; c < kc + vc; c += blockDim.x) {
