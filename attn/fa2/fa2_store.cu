@@ -7,27 +7,35 @@ __device__ __forceinline__ float fa2__ld(const void *p, size_t i, uint32_t dt) {
   return __half2float(((const __half *)p)[i]);
 }
 
+/* Blocks of 256 threads an SM holds at once: a grid of at most this many a SM starts whole. */
+#define FA2__STORE_BLOCKS_PER_SM 8u
+
 /* One CTA per new row; a thread moves 8 elements of one (K or V, kv head) piece. */
 __global__ void __launch_bounds__(256) fa2__store(const fattn__layer_params l, const fattn__step_params s,
-                                                  const void *k, const void *v) {
+                                                  const void *k, const void *v, uint32_t early) {
   fattn__pdl_release(); /* the decode kernel after it has work before its own wait */
-  /* The row's place comes from what only the planner wrote, read before the wait (attn/pdl.h):
-   * after it, only the row's load and its write are left on the step's chain. */
-  const uint32_t row = blockIdx.x, n = __ldcg(&s.hdr->num_entries);
-  const bool live = n != 0u && row < __ldcg(&s.hdr->num_new_tokens);
+  /* A grid that starts whole finds its row's place before the wait, from what only the planner
+   * wrote (attn/pdl.h), through L2: only the row's load and write follow the wait. In a larger
+   * grid (prefill) most blocks start after the wait has returned, and the same dependent loads
+   * through L2, not L1, would lengthen every one of them. */
+  if (!early) fattn__pdl_wait_alone();
+  auto ld = [early](const uint32_t *p) -> uint32_t { return early ? __ldcg(p) : *p; };
+  const uint32_t row = blockIdx.x, n = ld(&s.hdr->num_entries);
+  const bool live = n != 0u && row < ld(&s.hdr->num_new_tokens);
   size_t dst_row = 0;
   if (live) {
     uint32_t lo = 0, hi = n;
     while (hi - lo > 1u) {
       uint32_t mid = (lo + hi) >> 1;
-      if (__ldcg(&s.entries[mid].new_start) <= row) lo = mid; else hi = mid;
+      if (ld(&s.entries[mid].new_start) <= row) lo = mid; else hi = mid;
     }
-    const fattn__entry e = fa2__entry(s.entries + lo);
+    const fattn__entry e = early ? fa2__entry(s.entries + lo) : s.entries[lo];
     const uint32_t slot = e.kv_len - e.new_len + (row - e.new_start);
-    const uint32_t pg = (uint32_t)__ldcg(l.page_table + (size_t)e.seq * l.pages_per_seq + slot / l.page_size);
+    const int32_t *pt = l.page_table + (size_t)e.seq * l.pages_per_seq + slot / l.page_size;
+    const uint32_t pg = (uint32_t)(early ? __ldcg(pt) : *pt);
     dst_row = ((size_t)pg * l.page_size + slot % l.page_size) * l.num_kv_heads;
   }
-  fattn__pdl_wait_alone(); /* every block: this grid must not end before the one it follows */
+  if (early) fattn__pdl_wait_alone(); /* every block: this grid must not end before the one it follows */
   if (!live) return;
   const uint32_t kc = l.num_kv_heads * l.head_dim / 8u;
   const uint32_t vc = l.mla ? 0u : l.num_kv_heads * l.head_dim_v / 8u;
@@ -66,5 +74,7 @@ extern "C" int fattn__fa2_store_kv(fattn__layer_params l, fattn__step_params s, 
                                    const void *v, void *stream) {
   if (l.head_dim % 8u || l.head_dim_v % 8u || l.page_size == 0u) return (int)cudaErrorInvalidValue;
   if (s.cap_new_tokens == 0u) return (int)cudaSuccess;
-  return (int)fattn__launch(fa2__store, dim3(s.cap_new_tokens), dim3(256), 0, (cudaStream_t)stream, l, s, k, v);
+  const uint32_t early = s.cap_new_tokens <= FA2__STORE_BLOCKS_PER_SM * (uint32_t)fa2__sm_count();
+  return (int)fattn__launch(fa2__store, dim3(s.cap_new_tokens), dim3(256), 0, (cudaStream_t)stream, l, s, k, v,
+                            early);
 }
