@@ -35,8 +35,9 @@ __device__ __forceinline__ void fattn__pdl_release() {
 }
 
 /* Waits for the grid before, and lets the next grid launch only once this one has completed
- * (unless it released it already, as the store does): for the planner's kernels, so that every later kernel starts after their writes (step
- * metadata, page table, copied pages) are done. */
+ * (unless it released it already, as the store does): for the planner's kernels, so that
+ * every later kernel starts after their writes (step metadata, page table, copied pages) are
+ * done. */
 __device__ __forceinline__ void fattn__pdl_wait_alone() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
