@@ -10,7 +10,6 @@ fattn_status fattn__pages_init(fattn_ctx *ctx) {
   p->num_pages = ctx->lay.num_pages;
   p->pages_per_seq = ctx->lay.pages_per_seq;
   p->page_size = ctx->n.cfg.page_size;
-  p->page_shift = (uint32_t)__builtin_ctz(p->page_size);
   p->max_seqs = ctx->n.max_seqs;
   p->max_seq_len = ctx->n.cfg.max_seq_len;
   p->caller_owned = (ctx->n.cfg.flags & FATTN_FLAG_CALLER_PAGES) != 0;
@@ -56,7 +55,7 @@ static uint32_t *row_of(fattn__pages *p, uint32_t seq) {
 }
 
 static uint32_t pages_for(const fattn__pages *p, uint32_t tokens) {
-  return (uint32_t)(((uint64_t)tokens + p->page_size - 1) >> p->page_shift);
+  return (uint32_t)(((uint64_t)tokens + p->page_size - 1) >> __builtin_ctz(p->page_size)); /* a power of two */
 }
 
 static void page_unref(fattn__pages *p, uint32_t page) {

@@ -43,7 +43,7 @@ static entry_src entry_src_of(const fattn_ctx *ctx, const fattn_batch *b) {
                      (uint32_t)b->mode,
                      p->max_seqs,
                      p->pages_per_seq,
-                     p->page_shift,
+                     (uint32_t)__builtin_ctz(p->page_size), /* a power of two */
                      !p->caller_owned,
                      c->spec_draft_tokens,
                      c->max_encoder_len,

@@ -77,7 +77,6 @@ typedef struct fattn__pages {
   uint32_t num_pages;
   uint32_t pages_per_seq;
   uint32_t page_size;
-  uint32_t page_shift;    /* log2 page_size (a power of two) */
   uint32_t max_seqs;
   uint32_t caller_owned; /* FATTN_FLAG_CALLER_PAGES */
   uint32_t max_seq_len;

@@ -378,7 +378,8 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
       const size_t at = ok ? sl : 0u;
       char *kd = kv + (r / BN) * C::TILE_BYTES + (r % BN) * KROW;
       if (c < C::CK) fa2__cp16(kd + c * 16, ksrc + at * kst + c * 16, ok);
-      else fa2__cp16(kd + BN * KROW + (r % BN) * (VROW - KROW) + (c - C::CK) * 16, vsrc + at * vst + (c - C::CK) * 16, ok);
+      else fa2__cp16(kd + BN * KROW + (r % BN) * (VROW - KROW) + (c - C::CK) * 16,
+                     vsrc + at * vst + (c - C::CK) * 16, ok);
     }
     fa2__commit();
     fa2__commit(); /* the empty group */
