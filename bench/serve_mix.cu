@@ -9,7 +9,10 @@
 // out [tokens, hq, d] -> q [tokens, hq, d], k and v [tokens, hkv, d]; bf16 throughout.
 __global__ void mix_kernel(const __nv_bfloat16 *out, __nv_bfloat16 *q, __nv_bfloat16 *k, __nv_bfloat16 *v,
                            uint32_t tokens, uint32_t hq, uint32_t hkv, uint32_t d, uint32_t salt) {
-  fattn__pdl_wait(); /* as a serving engine's own kernels would, so layers chain without gaps */
+  /* As a serving engine's own PDL-aware kernels do: the next kernels (the store, then the decode
+   * kernel) launch at once and do what needs nothing of this one before their own waits. */
+  fattn__pdl_release();
+  fattn__pdl_wait_alone();
   uint64_t n = (uint64_t)tokens * hq * d;
   for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n; i += (uint64_t)gridDim.x * blockDim.x) {
     uint32_t c = (uint32_t)(i % d), h = (uint32_t)(i / d % hq);

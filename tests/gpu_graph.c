@@ -14,6 +14,7 @@ typedef struct rig {
   cudaStream_t stream;
   void *q, *k, *v, *out; /* [cap, heads, D] bf16 */
   float *lse;            /* [cap, HQ] */
+  void *stage[3];        /* q, k, v as layers_late's caller kernel writes them */
   int sync_inside, malloc_inside;
 } rig;
 
@@ -29,6 +30,19 @@ static void layers(void *user, void *stream) {
   if (r->malloc_inside) {
     void *p = NULL;
     if (cudaMalloc(&p, 1 << 20) == cudaSuccess) cudaFree(p);
+  }
+}
+
+/* layers behind a caller kernel that writes q, k and v late, having released the kernels
+ * after it at its first instruction: fattn's kernels must read none of them before their wait. */
+static void layers_late(void *user, void *stream) {
+  rig *r = user;
+  for (uint32_t l = 0; l < LAYERS; l++) {
+    void *to[3] = {r->q, r->k, r->v};
+    for (int i = 0; i < 3; i++)
+      fattn_test_gpu_copy_late(stream, to[i], r->stage[i], (size_t)CAP * (i ? HKV : HQ) * D * 2, 20);
+    fattn_store_kv(r->ctx, l, r->k, r->v, stream);
+    fattn_attend(r->ctx, l, r->q, r->out, r->lse, stream);
   }
 }
 
@@ -293,6 +307,72 @@ START_TEST(next_kernel_sees_the_whole_output) {
 }
 END_TEST
 
+/* The caller's kernel before fattn_store_kv releases its dependents at its first instruction
+ * and writes q, k and v 20 us after its wait (layers_late): the store and the decode kernel
+ * launch at once and do their early work (metadata, earlier steps' rows) but read the new
+ * tokens only after their waits. Eager and graph steps at bs 1 and 4 over long, split contexts
+ * (the deep decode kind) equal a step whose inputs were copied before it, bit for bit. */
+START_TEST(inputs_written_late_by_a_released_kernel) {
+  rig r;
+  open_rig(&r, MAXB, CAP);
+  for (int i = 0; i < 3; i++) ck_assert_int_eq(cudaMalloc(&r.stage[i], (size_t)CAP * (i ? HKV : HQ) * D * 2), cudaSuccess);
+  static uint16_t want[CAP * HQ * D], eager[CAP * HQ * D], graph[CAP * HQ * D];
+  static float want_lse[CAP * HQ], eager_lse[CAP * HQ], graph_lse[CAP * HQ];
+  const uint32_t sizes[2] = {1, 4};
+  uint64_t seed = 11;
+  const int rounds = getenv("FATTN_TEST_QUICK") ? 1 : 6;
+  for (int z = 0; z < 2; z++) {
+    const uint32_t bs = sizes[z];
+    ck_assert_msg(fattn_graph_capture(r.ctx, FATTN_MODE_DECODE, bs, layers_late, &r) == FATTN_OK, "%s",
+                  fattn_detail(r.ctx));
+    for (int round = 0; round < rounds; round++) {
+      uint32_t ids[4];
+      for (uint32_t i = 0; i < bs; i++) {
+        ck_assert_ok(fattn_seq_open(r.ctx, &ids[i]));
+        ck_assert_ok(fattn_seq_reserve(r.ctx, ids[i], 600 + rnd(&seed, 1400)));
+      }
+      fattn_batch b = FATTN_BATCH_INIT;
+      b.num_seqs = bs, b.seq_ids = ids;
+      const size_t nq = (size_t)CAP * HQ * D, nkv = (size_t)CAP * HKV * D;
+      ck_assert_int_eq(fattn_test_gpu_randn(r.stage[0], nq, FATTN_DTYPE_BF16, 1.0f, seed), 0);
+      ck_assert_int_eq(fattn_test_gpu_randn(r.stage[1], nkv, FATTN_DTYPE_BF16, 1.0f, seed + 1), 0);
+      ck_assert_int_eq(fattn_test_gpu_randn(r.stage[2], nkv, FATTN_DTYPE_BF16, 1.0f, seed + 2), 0);
+      ck_assert_int_eq(cudaMemcpy(r.q, r.stage[0], nq * 2, cudaMemcpyDeviceToDevice), cudaSuccess);
+      ck_assert_int_eq(cudaMemcpy(r.k, r.stage[1], nkv * 2, cudaMemcpyDeviceToDevice), cudaSuccess);
+      ck_assert_int_eq(cudaMemcpy(r.v, r.stage[2], nkv * 2, cudaMemcpyDeviceToDevice), cudaSuccess);
+      ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
+      ck_assert_msg(fattn_plan(r.ctx, &b, r.stream) == FATTN_OK, "%s", fattn_detail(r.ctx));
+      layers(&r, r.stream);
+      read_out(&r, want, want_lse, bs);
+      for (int g = 0; g < 2; g++) {
+        uint16_t *got = g ? graph : eager;
+        float *got_lse = g ? graph_lse : eager_lse;
+        ck_assert_int_eq(fattn_test_gpu_nan(r.q, nq, FATTN_DTYPE_BF16), 0);
+        ck_assert_int_eq(fattn_test_gpu_nan(r.k, nkv, FATTN_DTYPE_BF16), 0);
+        ck_assert_int_eq(fattn_test_gpu_nan(r.v, nkv, FATTN_DTYPE_BF16), 0);
+        ck_assert_int_eq(fattn_test_gpu_nan(r.out, nq, FATTN_DTYPE_BF16), 0);
+        ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
+        if (g) {
+          ck_assert_msg(fattn_graph_launch(r.ctx, &b, r.stream) == FATTN_OK, "%s", fattn_detail(r.ctx));
+        } else {
+          ck_assert_msg(fattn_plan(r.ctx, &b, r.stream) == FATTN_OK, "%s", fattn_detail(r.ctx));
+          layers_late(&r, r.stream);
+        }
+        read_out(&r, got, got_lse, bs);
+        ck_assert_msg(memcmp(want, got, (size_t)bs * HQ * D * 2) == 0 && memcmp(want_lse, got_lse, (size_t)bs * HQ * 4) == 0,
+                      "bs %u round %d: the %s step behind a late writer differs (%zu NaN)", bs, round,
+                      g ? "graph" : "eager", fattn_test_count_nan(got, (size_t)bs * HQ * D, FATTN_DTYPE_BF16));
+      }
+      ck_assert_uint_eq(fattn_test_count_nan(want, (size_t)bs * HQ * D, FATTN_DTYPE_BF16), 0);
+      for (uint32_t i = 0; i < bs; i++) ck_assert_ok(fattn_seq_close(r.ctx, ids[i]));
+    }
+  }
+  for (int i = 0; i < 3; i++) cudaFree(r.stage[i]);
+  ck_assert_ok(fattn_check(r.ctx));
+  close_rig(&r);
+}
+END_TEST
+
 /* Every default bucket (1, 2, 4, 8, 12, 16, 24, 32, then every 8 up to 256: 36) of every graph
  * mode captures in global mode at max_batch 256; a size past max_batch is refused; the memory
  * plan reports each mode's graph memory. */
@@ -323,4 +403,5 @@ START_TEST(capture_every_default_bucket) {
 END_TEST
 
 FATTN_SUITE("gpu_graph", FATTN_TEST_GPU, replay_equals_eager_every_mode, capture_that_syncs_or_allocates_fails,
-            back_to_back_replays_share_a_mailbox, next_kernel_sees_the_whole_output, capture_every_default_bucket)
+            back_to_back_replays_share_a_mailbox, next_kernel_sees_the_whole_output,
+            inputs_written_late_by_a_released_kernel, capture_every_default_bucket)

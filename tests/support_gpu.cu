@@ -1,6 +1,6 @@
 /* support_gpu.cu: the GPU test helpers of tests/support_gpu.h: cuRAND Philox normal fills
  * in bf16 / fp16 / fp8 / float, NaN poisoning (whole buffers or unused pool rows), a stream hold,
- * a copy chained behind the stream's last kernel. */
+ * a copy chained behind the stream's last kernel, and one that releases its dependents early. */
 #include "tests/support_gpu.h"
 
 #include "attn/pdl.h"
@@ -84,7 +84,7 @@ extern "C" int fattn_test_gpu_nan_rows(void *dev, const uint8_t *used_dev, size_
   return (int)cudaGetLastError();
 }
 
-__global__ static void hold_kernel(uint64_t ns) {
+__device__ static void spin_for(uint64_t ns) {
   uint64_t t0, t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
   do {
@@ -92,6 +92,8 @@ __global__ static void hold_kernel(uint64_t ns) {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   } while (t - t0 < ns);
 }
+
+__global__ static void hold_kernel(uint64_t ns) { spin_for(ns); }
 
 extern "C" int fattn_test_gpu_hold(void *stream, uint32_t us) {
   hold_kernel<<<1, 1, 0, (cudaStream_t)stream>>>((uint64_t)us * 1000u);
@@ -108,6 +110,22 @@ extern "C" int fattn_test_gpu_copy_after(void *stream, void *dst, const void *sr
   if (bytes % 16u) return (int)cudaErrorInvalidValue;
   return (int)fattn__launch(copy_after_kernel, dim3(blocks_for(bytes / 16u)), dim3(256), 0, (cudaStream_t)stream,
                             (uint4 *)dst, (const uint4 *)src, bytes / 16u);
+}
+
+/* Releases its dependents at its first instruction, then writes late: any read of dst by the
+ * kernels after it that does not wait for this grid sees the data from before. */
+__global__ static void copy_late_kernel(uint4 *dst, const uint4 *src, size_t n, uint64_t ns) {
+  fattn__pdl_release();
+  fattn__pdl_wait_alone();
+  spin_for(ns);
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    dst[i] = src[i];
+}
+
+extern "C" int fattn_test_gpu_copy_late(void *stream, void *dst, const void *src, size_t bytes, uint32_t us) {
+  if (bytes % 16u) return (int)cudaErrorInvalidValue;
+  return (int)fattn__launch(copy_late_kernel, dim3(blocks_for(bytes / 16u)), dim3(256), 0, (cudaStream_t)stream,
+                            (uint4 *)dst, (const uint4 *)src, bytes / 16u, (uint64_t)us * 1000u);
 }
 
 extern "C" size_t fattn_test_count_nan(const void *x, size_t n, uint32_t dtype) {

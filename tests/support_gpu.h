@@ -34,6 +34,11 @@ int fattn_test_gpu_hold(void *stream, uint32_t us);
  * before it in the kernel (griddepcontrol.wait) and nowhere else. */
 int fattn_test_gpu_copy_after(void *stream, void *dst, const void *src, size_t bytes);
 
+/* The same copy by a kernel that lets the kernels after it launch at its first instruction
+ * (griddepcontrol.launch_dependents, as PDL-aware serving kernels do), then waits on the grid
+ * before it, spins for us microseconds and only then writes dst. */
+int fattn_test_gpu_copy_late(void *stream, void *dst, const void *src, size_t bytes, uint32_t us);
+
 /* Number of elements of x (host, dtype) that are NaN. */
 size_t fattn_test_count_nan(const void *x, size_t n, uint32_t dtype);
 

@@ -83,6 +83,10 @@ __device__ __forceinline__ void fa2__merge_row(const fa2__args &a, const fattn__
  * searched, and read before the wait (attn/pdl.h), so that no chain of loads follows it. */
 template <typename T>
 __global__ void __launch_bounds__(128) fa2__combine(const fa2__args a, uint32_t qpe) {
+  /* The caller's next kernel may launch now: it waits for this grid, which ends only after the
+   * decode kernel has. If it too releases before its wait, the next layer's store and decode
+   * kernels start theirs early, and the decode prologue overlaps this merge. */
+  fattn__pdl_release();
   const uint32_t qh = a.l.num_q_heads, lane = threadIdx.x & 31u;
   const uint32_t w = blockIdx.x * 4u + (threadIdx.x >> 5), ei = w / (qpe * qh), slot = w / qh % qpe, hq = w % qh;
   const bool live = ei < __ldcg(&a.s.hdr->num_entries);
@@ -90,7 +94,7 @@ __global__ void __launch_bounds__(128) fa2__combine(const fa2__args a, uint32_t 
   /* Every thread waits, even one with nothing to merge: a dependent's wait is promised to
    * cover only the grid just before it, so a merge grid that ended before the decode kernel
    * could release the caller's next kernel onto an output still being written. */
-  fattn__pdl_wait();
+  fattn__pdl_wait_alone();
   if (!live || e.num_splits <= 1u) return;
   for (uint32_t t = slot; t < e.q_len; t += qpe) fa2__merge_row<T>(a, e, t, hq, lane);
 }
