@@ -23,11 +23,12 @@ __device__ __forceinline__ void fattn__pdl_wait() {
 #endif
 }
 
-/* Lets the next grid launch at once: the store kernel's first instruction, so that the decode
- * kernel's deep kind does its work before its own wait while the store and the kernel before
- * the store still run. The store then waits (fattn__pdl_wait_alone), after reading its
- * metadata where its grid starts whole; a dependent's wait still covers it, since it ends
- * only after that wait. */
+/* Lets the next grid launch at once: the first instruction of the store kernel, so that the
+ * decode kernel's deep kind does its work before its own wait while the store and the kernel
+ * before the store still run, and of the combine, so that a caller's kernel that releases as
+ * early lets the next layer's store and decode kernels start under this merge. Both then wait
+ * (fattn__pdl_wait_alone); a dependent's wait still covers them, since they end only after
+ * that wait. */
 __device__ __forceinline__ void fattn__pdl_release() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
