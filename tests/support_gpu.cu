@@ -100,32 +100,29 @@ extern "C" int fattn_test_gpu_hold(void *stream, uint32_t us) {
   return (int)cudaGetLastError();
 }
 
-__global__ static void copy_after_kernel(uint4 *dst, const uint4 *src, size_t n) {
-  fattn__pdl_wait();
+/* A copy chained behind the stream's last kernel. With late_ns, it releases its dependents at
+ * its first instruction and writes late: any read of dst by the kernels after it that does not
+ * wait for this grid sees the data from before. */
+__global__ static void copy_kernel(uint4 *dst, const uint4 *src, size_t n, uint64_t late_ns) {
+  if (late_ns) fattn__pdl_release();
+  fattn__pdl_wait(); /* then releases, where it has not */
+  if (late_ns) spin_for(late_ns);
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
     dst[i] = src[i];
+}
+
+static int launch_copy(void *stream, void *dst, const void *src, size_t bytes, uint32_t late_us) {
+  if (bytes % 16u) return (int)cudaErrorInvalidValue;
+  return (int)fattn__launch(copy_kernel, dim3(blocks_for(bytes / 16u)), dim3(256), 0, (cudaStream_t)stream,
+                            (uint4 *)dst, (const uint4 *)src, bytes / 16u, (uint64_t)late_us * 1000u);
 }
 
 extern "C" int fattn_test_gpu_copy_after(void *stream, void *dst, const void *src, size_t bytes) {
-  if (bytes % 16u) return (int)cudaErrorInvalidValue;
-  return (int)fattn__launch(copy_after_kernel, dim3(blocks_for(bytes / 16u)), dim3(256), 0, (cudaStream_t)stream,
-                            (uint4 *)dst, (const uint4 *)src, bytes / 16u);
-}
-
-/* Releases its dependents at its first instruction, then writes late: any read of dst by the
- * kernels after it that does not wait for this grid sees the data from before. */
-__global__ static void copy_late_kernel(uint4 *dst, const uint4 *src, size_t n, uint64_t ns) {
-  fattn__pdl_release();
-  fattn__pdl_wait_alone();
-  spin_for(ns);
-  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-    dst[i] = src[i];
+  return launch_copy(stream, dst, src, bytes, 0u);
 }
 
 extern "C" int fattn_test_gpu_copy_late(void *stream, void *dst, const void *src, size_t bytes, uint32_t us) {
-  if (bytes % 16u) return (int)cudaErrorInvalidValue;
-  return (int)fattn__launch(copy_late_kernel, dim3(blocks_for(bytes / 16u)), dim3(256), 0, (cudaStream_t)stream,
-                            (uint4 *)dst, (const uint4 *)src, bytes / 16u, (uint64_t)us * 1000u);
+  return launch_copy(stream, dst, src, bytes, us);
 }
 
 extern "C" size_t fattn_test_count_nan(const void *x, size_t n, uint32_t dtype) {
