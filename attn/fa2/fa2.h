@@ -247,10 +247,11 @@ struct fa2__cfg {
   static constexpr int Q_BYTES = BM * LDQ * 2;
   static constexpr int RS_BYTES = ST * BN * 4; /* pool row of each slot, per stage */
   static constexpr bool QREG = HD <= 128;      /* Q fragments held in registers */
-  /* Under a wave (the deep kind) a decode block's chain of dependent loads is the step's
-   * latency: it reads metadata and starts the copies of earlier steps' rows before its
-   * fattn__pdl_wait, while the store kernel and the caller's kernel before it still run. */
-  static constexpr bool EARLY = NW > 1 && ST == FA2_DEEP_ST;
+  /* Where its blocks are resident at once (bs 1-4 at serving contexts) a decode block's chain
+   * of dependent loads is the step's latency: the 16-row kinds read metadata and start the
+   * copies of earlier steps' rows before their fattn__pdl_wait, while the store kernel, the
+   * caller's kernel and the merge before them still run. */
+  static constexpr bool EARLY = NW > 1 && MW == 1;
   /* fp8 rows are padded by 16 bytes so that ldmatrix's eight rows hit distinct banks. */
   static constexpr int LRK = HD + 16, LRV = HDV + 16;
   static constexpr int TILE_BYTES = CONV ? BN * (LRK + LRV) : BN * (LDQ + LDV) * 2;
