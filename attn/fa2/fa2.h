@@ -644,8 +644,11 @@ __global__ void __launch_bounds__(MW * NW * 32, MW == 1 && NW > 1 && HD <= 128 ?
           fa2__work<HD, HDV, MW, NW, BN, ST, T, KVT>(a, e, causal, tree, kvh * G, G, rt * BM, sp,
                                                      nsp > 1u, smem);
     }
-    /* a block with no work waits too: no grid may end before the one it follows */
-    if constexpr (C::EARLY) fattn__pdl_wait();
+    /* Working blocks waited in fa2__work. Of the others only block 0 waits, which is enough
+     * for this grid not to end before the one it follows; the rest leave at once, so that the
+     * idle blocks of a grid sized for max_splits do not queue behind the wait for slots. */
+    if constexpr (C::EARLY)
+      if ((blockIdx.x | blockIdx.y | blockIdx.z) == 0u) fattn__pdl_wait();
   } else {
     const uint32_t b = blockIdx.x;
     if (b >= hdr->num_tiles || n == 0u) return;
