@@ -333,7 +333,10 @@ static double run_case(const cfg *c, int route, int *ok) {
   int32_t *dpt = dalloc(pt_n * 4);
   uint8_t *dused = dalloc(slots);
   fattn__step_hdr *dh = dalloc(sizeof h);
-  fattn__entry *de = dalloc(bs * sizeof *e);
+  /* cap_entries slots, as the step area has: early decode blocks read their slot before they
+   * know whether it is live; the slots past the batch hold garbage, as stale entries would */
+  const uint32_t slots_e = s.cap_entries > bs ? s.cap_entries : bs;
+  fattn__entry *de = dalloc(slots_e * sizeof *e);
   uint64_t *dmask = dalloc((nmask + 1) * 8);
   uint64_t seed = rng_next();
   CK(fattn_test_gpu_randn(dk, kn, c->kt, 1.0f, seed));
@@ -349,6 +352,7 @@ static double run_case(const cfg *c, int route, int *ok) {
   CK(cudaMemset(dctr, 0, 8));
   CK(cudaMemcpy(dpt, pt, pt_n * 4, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dh, &h, sizeof h, cudaMemcpyHostToDevice));
+  CK(cudaMemset(de, 0xff, slots_e * sizeof *e));
   CK(cudaMemcpy(de, e, bs * sizeof *e, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dmask, mask, (nmask + 1) * 8, cudaMemcpyHostToDevice));
   if (c->sinks) CK(cudaMemcpy(dsinks, sinks, c->qh * 4, cudaMemcpyHostToDevice));
