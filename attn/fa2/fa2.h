@@ -27,6 +27,7 @@ typedef struct fa2__args {
   float cap_scale;  /* scale (times k_scale) when softcap > 0 */
   float o_mul;      /* v_scale for fp8, else 1 */
   uint32_t ps_shift; /* log2(page_size) */
+  uint32_t num_sms;  /* multiprocessors: the 2-stage decode kind's first wave works early */
 } fa2__args;
 
 /* Launchers per head-dim pair (attn/fa2/fa2_hd*.cu). kind 0: decode (GQA-packed, split-KV,
@@ -64,6 +65,7 @@ static inline fa2__args fa2__args_for(const fattn__layer_params &l, const fattn_
   a.cap_scale = l.scale * (f8 ? l.k_scale : 1.f);
   a.sl2 = a.cap_scale * FA2__LOG2E;
   a.o_mul = f8 ? (l.mla ? l.k_scale : l.v_scale) : 1.f; /* MLA's V is K's first dims */
+  a.num_sms = (uint32_t)fa2__sm_count();
   a.ps_shift = 0;
   while ((1u << a.ps_shift) < l.page_size) a.ps_shift++;
   return a;
@@ -247,10 +249,16 @@ struct fa2__cfg {
   static constexpr int Q_BYTES = BM * LDQ * 2;
   static constexpr int RS_BYTES = ST * BN * 4; /* pool row of each slot, per stage */
   static constexpr bool QREG = HD <= 128;      /* Q fragments held in registers */
-  /* Under a wave (the deep kind) a decode block's chain of dependent loads is the step's
-   * latency: it reads metadata and starts the copies of earlier steps' rows before its
-   * fattn__pdl_wait, while the store kernel and the caller's kernel before it still run. */
-  static constexpr bool EARLY = NW > 1 && ST == FA2_DEEP_ST;
+  /* Where its blocks are resident at once (bs 1-8 at serving contexts) a decode block's chain
+   * of dependent loads is the step's latency: blocks of the 16-row kinds that start with the
+   * grid read metadata and start the copies of earlier steps' rows before their
+   * fattn__pdl_wait, while the store kernel, the caller's kernel and the merge before them
+   * still run. That is every block of the deep kind (its grid is under a wave) and the first
+   * RESIDENT x SMs blocks of the 2-stage kind; later blocks start after the wait has returned
+   * and read through L1 as before. */
+  static constexpr bool EARLY = NW > 1 && MW == 1;
+  static constexpr bool ALL_EARLY = EARLY && ST == FA2_DEEP_ST;
+  static constexpr uint32_t RESIDENT = HD <= 128 ? FA2_DEC_MINB : 1; /* as __launch_bounds__ */
   /* fp8 rows are padded by 16 bytes so that ldmatrix's eight rows hit distinct banks. */
   static constexpr int LRK = HD + 16, LRV = HDV + 16;
   static constexpr int TILE_BYTES = CONV ? BN * (LRK + LRV) : BN * (LDQ + LDV) * 2;
@@ -264,7 +272,7 @@ struct fa2__cfg {
 template <int HD, int HDV, int MW, int NW, int BN, int ST, typename TQ, int KVT>
 __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry &e, int causal,
                                           bool tree, uint32_t hbase, uint32_t G, uint32_t R0,
-                                          uint32_t sp, bool split, char *smem) {
+                                          uint32_t sp, bool split, bool early, char *smem) {
   using C = fa2__cfg<HD, HDV, MW, NW, BN, ST, TQ, KVT>;
   using T = typename C::T;
   const fattn__layer_params &l = a.l;
@@ -352,14 +360,14 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
   for (int i = 0; i < HDV / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, ls[2] = {0.f, 0.f};
 
-  /* The deep kind looks up its first pages and copies the rows earlier steps wrote before its
+  /* An early block looks up its first pages and copies the rows earlier steps wrote before its
    * wait, then Q and the rest of its first stages after it. Its groups are the early rows, the
    * rest with Q, and an empty one, so that the loop's first wait (all but the newest group)
    * covers every row of the first stages, as it covers stage 0 in the other kinds. */
-  if constexpr (!C::EARLY) load_q();
-  for (int r = tid; r < ST * BN; r += C::NT) rs[r] = slot_of(r / BN, r % BN, C::EARLY);
+  if (!early) load_q();
+  for (int r = tid; r < ST * BN; r += C::NT) rs[r] = slot_of(r / BN, r % BN, early);
   __syncthreads();
-  if constexpr (C::EARLY) {
+  if (C::EARLY && early) {
 #pragma unroll
     for (int s = 0; s < ST - 1; s++) copy(std::true_type(), s, 0, old_rows(s));
     fa2__commit();
@@ -620,11 +628,13 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
 template <int HD, int HDV, int MW, int NW, int BN, int ST, typename T, int KVT>
 __global__ void __launch_bounds__(MW * NW * 32, MW == 1 && NW > 1 && HD <= 128 ? (ST == FA2_DEEP_ST ? 2 : FA2_DEC_MINB) : 1) fa2__attn(const fa2__args a) {
   using C = fa2__cfg<HD, HDV, MW, NW, BN, ST, T, KVT>;
-  if constexpr (!C::EARLY) fattn__pdl_wait();
+  const uint32_t linear = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  const bool early = C::ALL_EARLY || (C::EARLY && linear < C::RESIDENT * a.num_sms);
+  if (!early) fattn__pdl_wait();
   extern __shared__ __align__(16) char smem[];
   const fattn__step_hdr *hdr = a.s.hdr;
   /* before the wait, the planner's header and entries are read around L1 */
-  auto ld = [](const uint32_t *p) -> uint32_t { return C::EARLY ? __ldcg(p) : *p; };
+  auto ld = [early](const uint32_t *p) -> uint32_t { return early ? __ldcg(p) : *p; };
   const uint32_t n = ld(&hdr->num_entries);
   const int causal = (int)ld(&hdr->causal);
   const uint32_t G = a.l.num_q_heads / a.l.num_kv_heads;
@@ -632,26 +642,27 @@ __global__ void __launch_bounds__(MW * NW * 32, MW == 1 && NW > 1 && HD <= 128 ?
     constexpr uint32_t BM = MW * 16;
     const uint32_t ei = blockIdx.x / a.l.num_kv_heads, kvh = blockIdx.x % a.l.num_kv_heads;
     fattn__entry e;
-    /* the deep kind loads its entry with the header: the slot exists whatever n is */
-    if constexpr (C::EARLY) e = fa2__entry(a.s.entries + ei);
+    /* an early block loads its entry with the header: the slot exists whatever n is */
+    if (early) e = fa2__entry(a.s.entries + ei);
     if (ei < n) {
-      if constexpr (!C::EARLY) e = a.s.entries[ei];
+      if (!early) e = a.s.entries[ei];
       const bool tree = ld(&hdr->mode) == 3u && e.mask_row != UINT32_MAX && a.s.mask;
       const uint32_t ntile = (e.q_len * G + BM - 1u) / BM, nsp = e.num_splits > 1u ? e.num_splits : 1u;
       for (uint32_t rt = blockIdx.z; rt < ntile; rt += gridDim.z)
         for (uint32_t sp = blockIdx.y; sp < nsp; sp += gridDim.y)
           fa2__work<HD, HDV, MW, NW, BN, ST, T, KVT>(a, e, causal, tree, kvh * G, G, rt * BM, sp,
-                                                     nsp > 1u, smem);
+                                                     nsp > 1u, early, smem);
     }
-    /* a block with no work waits too: no grid may end before the one it follows */
-    if constexpr (C::EARLY) fattn__pdl_wait();
+    /* Early blocks with work waited in fa2__work. Of those without, only block 0 waits, which
+     * is enough for this grid not to end before the one it follows; the rest leave at once. */
+    if (early && linear == 0u) fattn__pdl_wait();
   } else {
     const uint32_t b = blockIdx.x;
     if (b >= hdr->num_tiles || n == 0u) return;
     const fattn__entry e = a.s.entries[fa2__find(a.s.entries, n, b)];
     const bool tree = hdr->mode == 3u && e.mask_row != UINT32_MAX && a.s.mask;
     fa2__work<HD, HDV, MW, NW, BN, ST, T, KVT>(a, e, causal, tree, blockIdx.y, 1u,
-                                               (b - e.tile_start) * (uint32_t)(MW * 16), 0u, false, smem);
+                                               (b - e.tile_start) * (uint32_t)(MW * 16), 0u, false, false, smem);
   }
 }
 
