@@ -3,6 +3,7 @@
 #ifndef FATTN_BENCH_H
 #define FATTN_BENCH_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -14,9 +15,12 @@ int fattn_bench_plan(int argc, char **argv); /* host time of fattn_plan */
 int fattn_bench_serve(int argc, char **argv); /* the serving-step benchmark */
 int fattn_bench_decode(int argc, char **argv); /* decode attention vs a pure-read roofline */
 int fattn_bench_prefill(int argc, char **argv); /* prefill attention, FA3 paper shapes */
+int fattn_bench_copies(int argc, char **argv); /* copy paths of paged KV into shared memory */
 int fattn_bench_steps(void);                 /* real steps on the CPU backend vs a dense check */
 
 double fattn_bench_now(void);                 /* monotonic seconds */
+/* Median of n samples (sorts them in place); 0 when n is 0. */
+double fattn_bench_median(double *v, size_t n);
 int fattn_bench_has_gpu(void);
 void fattn_bench_print_plan(const fattn_memory_report *r, FILE *out);
 

@@ -25,11 +25,6 @@ static uint32_t max_splits;
  * unless the library was built with FA3_TAKES_DECODE=1, as measured in docs/perf.md). */
 static fattn_backend decode_backend = FATTN_BACKEND_AUTO;
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
 static void fail(const char *what, const char *why) {
   fprintf(stderr, "%s: %s\n", what, why);
   exit(1);
@@ -76,11 +71,6 @@ static fattn_ctx *make_ctx(const kshape *k, uint32_t *ids) {
   return ctx;
 }
 
-static double median_ms(double *t, int n) {
-  qsort(t, (size_t)n, sizeof *t, cmp_double);
-  return t[n / 2];
-}
-
 /* Times fn-like work: 3 warm-ups, then the median of 21 event-timed runs. which 0: attend,
  * 1: the pure-read kernel over the same pages. */
 static double time_it(fattn_ctx *ctx, int which, const void *q, void *out, uint32_t entries, float *sink) {
@@ -105,7 +95,7 @@ static double time_it(fattn_ctx *ctx, int which, const void *q, void *out, uint3
   }
   cudaEventDestroy(a);
   cudaEventDestroy(b);
-  return median_ms(t, 21);
+  return fattn_bench_median(t, 21);
 }
 
 static void run_shape(const kshape *k, FILE *csv) {

@@ -1,6 +1,7 @@
 /* main.c: fattn-bench, one binary with subcommands (run, ...), shared helpers.
  * `fattn-bench run` is what `make run` starts. */
 #include <cuda_runtime_api.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -10,6 +11,16 @@ double fattn_bench_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+double fattn_bench_median(double *v, size_t n) {
+  qsort(v, n, sizeof *v, cmp_double);
+  return n ? v[n / 2] : 0.0;
 }
 
 int fattn_bench_has_gpu(void) {
@@ -40,7 +51,8 @@ static void usage(void) {
           "  plan              host time of fattn_plan at bs 1, 64, 256\n"
           "  serve             the serving-step benchmark (prefill, decode eager/graph, speculative round)\n"
           "  decode            decode attention against a pure-read roofline (GPU)\n"
-          "  prefill           prefill attention, the FA3 paper's shapes (GPU)\n");
+          "  prefill           prefill attention, the FA3 paper's shapes (GPU)\n"
+          "  copies            copy paths of paged KV into shared memory against whole-page reads (sm_90)\n");
 }
 
 int main(int argc, char **argv) {
@@ -53,6 +65,7 @@ int main(int argc, char **argv) {
   if (strcmp(argv[1], "serve") == 0) return fattn_bench_serve(argc - 1, argv + 1);
   if (strcmp(argv[1], "decode") == 0) return fattn_bench_decode(argc - 1, argv + 1);
   if (strcmp(argv[1], "prefill") == 0) return fattn_bench_prefill(argc - 1, argv + 1);
+  if (strcmp(argv[1], "copies") == 0) return fattn_bench_copies(argc - 1, argv + 1);
   usage();
   return 2;
 }

@@ -9,11 +9,6 @@
 #include "graph/graph.h"
 #include "lib/internal.h"
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
 typedef enum how { BACK_TO_BACK, PLAN_IDLE, GRAPH_IDLE } how;
 
 /* What the captured decode graphs run: every layer's store and attention. */
@@ -64,8 +59,7 @@ static double time_plan(fattn_ctx *ctx, fattn_mode mode, uint32_t bs, uint32_t *
   if (w != BACK_TO_BACK) cudaStreamSynchronize((cudaStream_t)stream);
   fattn_get_stats(ctx, &st1);
   *waits = st1.staging_waits - st0.staging_waits;
-  qsort(t, runs, sizeof t[0], cmp_double);
-  return t[runs / 2] * 1e6;
+  return fattn_bench_median(t, (size_t)runs) * 1e6;
 }
 
 /* What the graph path does each call, each half timed on its own: the plan into the bucket's
@@ -117,9 +111,7 @@ static graph_times time_graph(fattn_ctx *ctx, uint32_t bs, uint32_t *ids, graph_
     tp[r] = (t1 - t0) * 1e6, tl[r] = (t2 - t1) * 1e6;
   }
   cudaStreamSynchronize((cudaStream_t)stream);
-  qsort(tp, RUNS, sizeof tp[0], cmp_double);
-  qsort(tl, RUNS, sizeof tl[0], cmp_double);
-  return (graph_times){tp[RUNS / 2], tl[RUNS / 2], (double)(ctx->ring_taken - taken0) / RUNS,
+  return (graph_times){fattn_bench_median(tp, RUNS), fattn_bench_median(tl, RUNS), (double)(ctx->ring_taken - taken0) / RUNS,
                        (double)(ctx->staging_waits - waits0) / RUNS};
 }
 

@@ -6,16 +6,6 @@
 
 #include "bench/serve.h"
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, uint32_t n) {
-  qsort(v, n, sizeof *v, cmp_double);
-  return n ? v[n / 2] : 0;
-}
-
 static void check(fattn_status st, const serve *s, const char *what) {
   if (st == FATTN_OK) return;
   fprintf(stderr, "%s: %s: %s\n", what, fattn_status_name(st), fattn_detail(s->ctx));
@@ -68,7 +58,7 @@ static double decode_steps(serve *s, const uint32_t *ids, uint32_t n, uint32_t s
     grow(s, ids, n, 1);
     t[i] = fattn_bench_step(s, &b, n, graph);
   }
-  double m = median(t, steps);
+  double m = fattn_bench_median(t, steps);
   free(t);
   return m;
 }
@@ -95,8 +85,8 @@ static double kernel_sum_ms(serve *s, double us[3]) {
       cudaGraphLaunch(x, s->stream);
       t[r] = fattn_bench_timer_ms(s, t0) / 20;
     }
-    us[which] = median(t, 9) * 1e3;
-    total += median(t, 9) * s->layers;
+    us[which] = fattn_bench_median(t, 9) * 1e3;
+    total += fattn_bench_median(t, 9) * s->layers;
     cudaGraphExecDestroy(x);
     cudaGraphDestroy(g);
   }
@@ -132,8 +122,8 @@ void fattn_bench_one_batch(serve *s, serve_result *r) {
       fflush(stdout);
     }
   }
-  r->decode_eager_ms = median(te, steps);
-  r->decode_graph_ms = s->gpu ? median(tg, steps) : 0;
+  r->decode_eager_ms = fattn_bench_median(te, steps);
+  r->decode_graph_ms = s->gpu ? fattn_bench_median(tg, steps) : 0;
   free(te), free(tg);
   if (s->gpu) {
     check(fattn_plan(s->ctx, &b, s->stream), s, "fattn_plan");
@@ -228,7 +218,7 @@ static double launch_while_busy(serve *s, const uint32_t *ids, uint32_t bs, uint
   cudaStreamSynchronize(s->stream);
   for (int i = 0; i < 2; i++) cudaEventDestroy(ev[i]);
   *waits = st1.staging_waits - st0.staging_waits;
-  return median(t, 21);
+  return fattn_bench_median(t, 21);
 }
 
 /* Host microseconds to issue one decode step of bs requests (eager: plan and every layer's
@@ -245,7 +235,7 @@ static double host_issue_us(serve *s, const uint32_t *ids, uint32_t bs, int grap
     t[i] = (fattn_bench_now() - t0) * 1e6;
   }
   cudaStreamSynchronize(s->stream);
-  return median(t, 21);
+  return fattn_bench_median(t, 21);
 }
 
 void fattn_bench_batch_sweep(serve *s, serve_result *r) {
