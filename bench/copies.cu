@@ -15,15 +15,16 @@ extern "C" double fattn_bench_median(double *v, size_t n);
 
 /* The copy paths. HEAD kinds copy one kv head's 256-B slice of each token (the decode kernel's
  * blocks are per kv head); the others copy whole 2-KB token rows (all kv heads). */
-enum { CP_HEAD, BULK_HEAD, BULK_ROW, BULK_RUN, TMA_RUN, COPY_KINDS };
+enum { CP_HEAD, CP_GRID, BULK_HEAD, BULK_ROW, BULK_RUN, TMA_RUN, COPY_KINDS };
 static const char *const copy_names[COPY_KINDS] = {
     "cp.async 16 B, one head (decode kernel's path), 64 tok x 2 stages",
+    "the same, a block an item (a grid, as the decode kernel) ",
     "bulk copy a 256-B head row, 64 tok x 2 stages",
     "bulk copy a 2-KB token row (padded), 16 tok x 2 stages",
     "bulk copy a 16-token run (32 KB), 3 stages",
     "tensor-map TMA of a 16-token run, 128-B swizzle, 3 stages"};
-static const int copy_tok[COPY_KINDS] = {64, 64, 16, 16, 16};
-static const int copy_st[COPY_KINDS] = {2, 2, 2, 3, 3};
+static const int copy_tok[COPY_KINDS] = {64, 64, 64, 16, 16, 16};
+static const int copy_st[COPY_KINDS] = {2, 2, 2, 2, 3, 3};
 
 typedef struct copy_args {
   const char *k, *v; /* [pages, page_size, 8, 128] bf16 */
@@ -72,7 +73,7 @@ template <int KIND, int TOK>
 __device__ __forceinline__ void issue(const copy_args &a, const CUtensorMap *mk, const CUtensorMap *mv, char *slot,
                                       unsigned bar, int seq, int head, int t0) {
   constexpr int SB = KIND <= BULK_HEAD ? TOK * 256 * 2 : KIND == BULK_ROW ? TOK * COPY_PITCH * 2 : TOK * COPY_ROW * 2;
-  if constexpr (KIND == CP_HEAD) {
+  if constexpr (KIND <= CP_GRID) {
 #pragma unroll
     for (int j = 0; j < TOK * 16 / 128; j++) { /* 16 chunks of 16 B a row, 128 threads */
       int idx = threadIdx.x + j * 128, tok = t0 + idx / 16;
@@ -107,8 +108,9 @@ __device__ __forceinline__ void issue(const copy_args &a, const CUtensorMap *mk,
   }
 }
 
-/* Persistent blocks take items of COPY_ITEM tokens (of one head for the HEAD kinds), stream
- * them through an ST-stage ring, and only touch what lands: the copy path alone. */
+/* Persistent blocks take items of COPY_ITEM tokens (of one head for the HEAD kinds and
+ * CP_GRID), stream them through an ST-stage ring, and only touch what lands: the copy path
+ * alone. CP_GRID's blocks take one item each, blockIdx.x, as a grid of decode blocks does. */
 template <int KIND, int TOK, int ST>
 __global__ void __launch_bounds__(128) ring(copy_args a, const __grid_constant__ CUtensorMap mk,
                                             const __grid_constant__ CUtensorMap mv) {
@@ -128,7 +130,7 @@ __global__ void __launch_bounds__(128) ring(copy_args a, const __grid_constant__
   const int per_seq = a.kv_len / COPY_ITEM * HEADS;
   unsigned acc = 0, g = 0; /* g: stages issued so far, for the ring slot and mbarrier phase */
   for (;;) {
-    if (threadIdx.x == 0) item_shared = atomicAdd(a.counter, 1u);
+    if (threadIdx.x == 0) item_shared = KIND != CP_GRID ? atomicAdd(a.counter, 1u) : g == 0 ? blockIdx.x : ~0u;
     __syncthreads();
     const unsigned item = item_shared;
     if (item >= (unsigned)(a.seqs * per_seq)) break;
@@ -140,9 +142,9 @@ __global__ void __launch_bounds__(128) ring(copy_args a, const __grid_constant__
       if (s + ST - 1 < NS)
         issue<KIND, TOK>(a, &mk, &mv, ring_base + next % ST * SB, smem_addr(&bars[next % ST]), seq, head,
                          t0 + (s + ST - 1) * TOK);
-      else if (KIND == CP_HEAD)
+      else if (KIND <= CP_GRID)
         asm volatile("cp.async.commit_group;\n");
-      if constexpr (KIND == CP_HEAD) {
+      if constexpr (KIND <= CP_GRID) {
         asm volatile("cp.async.wait_group %0;\n" ::"n"(ST - 1));
         __syncthreads();
       } else {
@@ -160,7 +162,7 @@ __global__ void __launch_bounds__(128) ring(copy_args a, const __grid_constant__
 }
 
 typedef void (*ring_fn)(copy_args, const CUtensorMap, const CUtensorMap);
-static const ring_fn ring_kernels[COPY_KINDS] = {ring<CP_HEAD, 64, 2>, ring<BULK_HEAD, 64, 2>, ring<BULK_ROW, 16, 2>,
+static const ring_fn ring_kernels[COPY_KINDS] = {ring<CP_HEAD, 64, 2>, ring<CP_GRID, 64, 2>, ring<BULK_HEAD, 64, 2>, ring<BULK_ROW, 16, 2>,
                                                  ring<BULK_RUN, 16, 3>, ring<TMA_RUN, 16, 3>};
 
 /* The pool as 3-D for the tensor map: 64 elements (128 B), token rows (2 KB apart), 16
@@ -255,7 +257,8 @@ extern "C" int fattn_bench_copies(int argc, char **argv) {
       int smem = copy_st[kind] * stage_bytes(kind) + 1024, occ = 0;
       cudaFuncSetAttribute(ring_kernels[kind], cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, ring_kernels[kind], 128, smem);
-      double gb = 2.0 * bytes / time_kind(kind, a, &mk, &mv, sms * occ, smem) / 1e6;
+      const int blocks = kind == CP_GRID ? a.seqs * (a.kv_len / COPY_ITEM) * 8 : sms * occ;
+      double gb = 2.0 * bytes / time_kind(kind, a, &mk, &mv, blocks, smem) / 1e6;
       printf("  %-62s %d/SM %7.1f GB/s %6.3f\n", copy_names[kind], occ, gb, gb / gb_whole);
       fflush(stdout);
       fprintf(csv, "%d,%d,%d,%s,%.1f,%.4f\n", a.seqs, a.kv_len, a.page_size, copy_names[kind], gb, gb / gb_whole);
