@@ -261,7 +261,7 @@ extern "C" int fattn_bench_copies(int argc, char **argv) {
       double gb = 2.0 * bytes / time_kind(kind, a, &mk, &mv, blocks, smem) / 1e6;
       printf("  %-62s %d/SM %7.1f GB/s %6.3f\n", copy_names[kind], occ, gb, gb / gb_whole);
       fflush(stdout);
-      fprintf(csv, "%d,%d,%d,%s,%.1f,%.4f\n", a.seqs, a.kv_len, a.page_size, copy_names[kind], gb, gb / gb_whole);
+      fprintf(csv, "%d,%d,%d,\"%s\",%.1f,%.4f\n", a.seqs, a.kv_len, a.page_size, copy_names[kind], gb, gb / gb_whole);
     }
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) { fprintf(stderr, "fattn-bench copies: %s\n", cudaGetErrorString(e)); return 1; }
