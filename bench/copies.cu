@@ -10,7 +10,7 @@
 extern "C" double fattn_bench_median(double *v, size_t n);
 
 #define COPY_ROW 2048u    /* bytes of one token's K: 8 kv heads x d 128, bf16 */
-#define COPY_ITEM 512     /* tokens a work item */
+#define COPY_ITEM 512     /* tokens a work item (CP_GRID also runs longer ones) */
 #define COPY_PITCH 2064   /* padded smem pitch of a token row: 8 rows of ldmatrix hit 8 bank groups */
 
 /* The copy paths. HEAD kinds copy one kv head's 256-B slice of each token (the decode kernel's
@@ -30,6 +30,7 @@ typedef struct copy_args {
   const char *k, *v; /* [pages, page_size, 8, 128] bf16 */
   const int *table;  /* [seqs, pages_per_seq] */
   int pages_per_seq, page_size, kv_len, seqs;
+  int item;          /* tokens a work item */
   unsigned *counter; /* work items taken (zeroed before each launch) */
   unsigned *sink;
 } copy_args;
@@ -108,7 +109,7 @@ __device__ __forceinline__ void issue(const copy_args &a, const CUtensorMap *mk,
   }
 }
 
-/* Persistent blocks take items of COPY_ITEM tokens (of one head for the HEAD kinds and
+/* Persistent blocks take items of a.item tokens (of one head for the HEAD kinds and
  * CP_GRID), stream them through an ST-stage ring, and only touch what lands: the copy path
  * alone. CP_GRID's blocks take one item each, blockIdx.x, as a grid of decode blocks does. */
 template <int KIND, int TOK, int ST>
@@ -118,7 +119,8 @@ __global__ void __launch_bounds__(128) ring(copy_args a, const __grid_constant__
   __shared__ __align__(8) unsigned long long bars[ST];
   __shared__ unsigned item_shared;
   constexpr int SB = KIND <= BULK_HEAD ? TOK * 256 * 2 : KIND == BULK_ROW ? TOK * COPY_PITCH * 2 : TOK * COPY_ROW * 2;
-  constexpr int NS = COPY_ITEM / TOK, HEADS = KIND <= BULK_HEAD ? 8 : 1;
+  constexpr int HEADS = KIND <= BULK_HEAD ? 8 : 1;
+  const int NS = a.item / TOK;
   char *ring_base = raw + ((1024u - (smem_addr(raw) & 1023u)) & 1023u); /* the swizzle wants 1 KB */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (threadIdx.x == 0) {
@@ -127,14 +129,14 @@ __global__ void __launch_bounds__(128) ring(copy_args a, const __grid_constant__
   }
 #endif
   __syncthreads();
-  const int per_seq = a.kv_len / COPY_ITEM * HEADS;
+  const int per_seq = a.kv_len / a.item * HEADS;
   unsigned acc = 0, g = 0; /* g: stages issued so far, for the ring slot and mbarrier phase */
   for (;;) {
     if (threadIdx.x == 0) item_shared = KIND != CP_GRID ? atomicAdd(a.counter, 1u) : g == 0 ? blockIdx.x : ~0u;
     __syncthreads();
     const unsigned item = item_shared;
     if (item >= (unsigned)(a.seqs * per_seq)) break;
-    const int seq = item / per_seq, r = item % per_seq, head = r % HEADS, t0 = r / HEADS * COPY_ITEM;
+    const int seq = item / per_seq, r = item % per_seq, head = r % HEADS, t0 = r / HEADS * a.item;
     for (int s = 0; s < ST - 1; s++)
       issue<KIND, TOK>(a, &mk, &mv, ring_base + (g + s) % ST * SB, smem_addr(&bars[(g + s) % ST]), seq, head, t0 + s * TOK);
     for (int s = 0; s < NS; s++) {
@@ -253,19 +255,26 @@ extern "C" int fattn_bench_copies(int argc, char **argv) {
     double whole = time_kind(-1, a, &mk, &mv, 0, 0);
     double gb_whole = 2.0 * bytes / whole / 1e6;
     printf("\n%d seqs x %d tokens, page %d: whole pages, plain loads: %.1f GB/s\n", a.seqs, a.kv_len, a.page_size, gb_whole);
-    /* Every kind at its own residency, then the decode kernel's path held to 1 and 2 blocks an
-     * SM by unused shared memory: how the bytes a ring may hold in flight set the rate. */
-    for (int run = 0; run < COPY_KINDS + 2; run++) {
-      const int kind = run < COPY_KINDS ? run : CP_HEAD, ring_bytes = copy_st[kind] * stage_bytes(kind);
-      const int smem = run < COPY_KINDS ? ring_bytes + 1024 : run == COPY_KINDS ? 120 * 1024 : 80 * 1024;
+    /* Every kind at its own residency; then the decode kernel's path held to 1 and 2 blocks an
+     * SM by unused shared memory (how the bytes a ring may hold in flight set the rate); then
+     * CP_GRID with items as long as a decode split or longer (how a grid's last wave does). */
+    for (int run = 0; run < COPY_KINDS + 5; run++) {
+      const int kind = run < COPY_KINDS ? run : run < COPY_KINDS + 2 ? CP_HEAD : CP_GRID;
+      const int ring_bytes = copy_st[kind] * stage_bytes(kind);
+      const int smem = run == COPY_KINDS ? 120 * 1024 : run == COPY_KINDS + 1 ? 80 * 1024 : ring_bytes + 1024;
+      a.item = run < COPY_KINDS + 2 ? COPY_ITEM : COPY_ITEM << (run - COPY_KINDS - 1); /* 1024, 2048, 4096 */
+      if (a.item > a.kv_len) continue;
       int occ = 0;
       cudaFuncSetAttribute(ring_kernels[kind], cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, ring_kernels[kind], 128, smem);
-      const int blocks = kind == CP_GRID ? a.seqs * (a.kv_len / COPY_ITEM) * 8 : sms * occ;
+      const int blocks = kind == CP_GRID ? a.seqs * (a.kv_len / a.item) * 8 : sms * occ;
       double gb = 2.0 * bytes / time_kind(kind, a, &mk, &mv, blocks, smem) / 1e6;
-      printf("  %-62s %d/SM %4d KB %7.1f GB/s %6.3f\n", copy_names[kind], occ, occ * ring_bytes / 1024, gb, gb / gb_whole);
+      char name[96];
+      if (run < COPY_KINDS + 2) snprintf(name, sizeof name, "%s", copy_names[kind]);
+      else snprintf(name, sizeof name, "the same (a grid), items of %d tokens", a.item);
+      printf("  %-62s %d/SM %4d KB %7.1f GB/s %6.3f\n", name, occ, occ * ring_bytes / 1024, gb, gb / gb_whole);
       fflush(stdout);
-      fprintf(csv, "%d,%d,%d,\"%s\",%d,%d,%.1f,%.4f\n", a.seqs, a.kv_len, a.page_size, copy_names[kind], occ,
+      fprintf(csv, "%d,%d,%d,\"%s\",%d,%d,%.1f,%.4f\n", a.seqs, a.kv_len, a.page_size, name, occ,
               occ * ring_bytes / 1024, gb, gb / gb_whole);
     }
     cudaError_t e = cudaGetLastError();
