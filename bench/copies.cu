@@ -15,16 +15,18 @@ extern "C" double fattn_bench_median(double *v, size_t n);
 
 /* The copy paths. HEAD kinds copy one kv head's 256-B slice of each token (the decode kernel's
  * blocks are per kv head); the others copy whole 2-KB token rows (all kv heads). */
-enum { CP_HEAD, CP_GRID, BULK_HEAD, BULK_ROW, BULK_RUN, TMA_RUN, COPY_KINDS };
+enum { CP_HEAD, CP_GRID, CP_WARP, BULK_HEAD, BULK_ROW, BULK_RUN, TMA_RUN, COPY_KINDS };
 static const char *const copy_names[COPY_KINDS] = {
     "cp.async 16 B, one head (decode kernel's path), 64 tok x 2 stages",
     "the same, a block an item (a grid, as the decode kernel) ",
+    "the same, a warp a block, 8 tok x 4 stages (a grid)",
     "bulk copy a 256-B head row, 64 tok x 2 stages",
     "bulk copy a 2-KB token row (padded), 16 tok x 2 stages",
     "bulk copy a 16-token run (32 KB), 3 stages",
     "tensor-map TMA of a 16-token run, 128-B swizzle, 3 stages"};
-static const int copy_tok[COPY_KINDS] = {64, 64, 64, 16, 16, 16};
-static const int copy_st[COPY_KINDS] = {2, 2, 2, 2, 3, 3};
+static const int copy_tok[COPY_KINDS] = {64, 64, 8, 64, 16, 16, 16};
+static const int copy_st[COPY_KINDS] = {2, 2, 4, 2, 2, 3, 3};
+static const int copy_threads[COPY_KINDS] = {128, 128, 32, 128, 128, 128, 128};
 
 typedef struct copy_args {
   const char *k, *v; /* [pages, page_size, 8, 128] bf16 */
@@ -74,10 +76,11 @@ template <int KIND, int TOK>
 __device__ __forceinline__ void issue(const copy_args &a, const CUtensorMap *mk, const CUtensorMap *mv, char *slot,
                                       unsigned bar, int seq, int head, int t0) {
   constexpr int SB = KIND <= BULK_HEAD ? TOK * 256 * 2 : KIND == BULK_ROW ? TOK * COPY_PITCH * 2 : TOK * COPY_ROW * 2;
-  if constexpr (KIND <= CP_GRID) {
+  if constexpr (KIND <= CP_WARP) {
+    constexpr int NT = KIND == CP_WARP ? 32 : 128;
 #pragma unroll
-    for (int j = 0; j < TOK * 16 / 128; j++) { /* 16 chunks of 16 B a row, 128 threads */
-      int idx = threadIdx.x + j * 128, tok = t0 + idx / 16;
+    for (int j = 0; j < TOK * 16 / NT; j++) { /* 16 chunks of 16 B a row */
+      int idx = threadIdx.x + j * NT, tok = t0 + idx / 16;
       size_t off = row_offset(a, seq, tok) + head * 256 + (idx % 16) * 16;
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(slot + idx * 16)), "l"(a.k + off));
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(slot + SB / 2 + idx * 16)), "l"(a.v + off));
@@ -132,7 +135,7 @@ __global__ void __launch_bounds__(128) ring(copy_args a, const __grid_constant__
   const int per_seq = a.kv_len / a.item * HEADS;
   unsigned acc = 0, g = 0; /* g: stages issued so far, for the ring slot and mbarrier phase */
   for (;;) {
-    if (threadIdx.x == 0) item_shared = KIND != CP_GRID ? atomicAdd(a.counter, 1u) : g == 0 ? blockIdx.x : ~0u;
+    if (threadIdx.x == 0) item_shared = KIND != CP_GRID && KIND != CP_WARP ? atomicAdd(a.counter, 1u) : g == 0 ? blockIdx.x : ~0u;
     __syncthreads();
     const unsigned item = item_shared;
     if (item >= (unsigned)(a.seqs * per_seq)) break;
@@ -144,9 +147,9 @@ __global__ void __launch_bounds__(128) ring(copy_args a, const __grid_constant__
       if (s + ST - 1 < NS)
         issue<KIND, TOK>(a, &mk, &mv, ring_base + next % ST * SB, smem_addr(&bars[next % ST]), seq, head,
                          t0 + (s + ST - 1) * TOK);
-      else if (KIND <= CP_GRID)
+      else if (KIND <= CP_WARP)
         asm volatile("cp.async.commit_group;\n");
-      if constexpr (KIND <= CP_GRID) {
+      if constexpr (KIND <= CP_WARP) {
         asm volatile("cp.async.wait_group %0;\n" ::"n"(ST - 1));
         __syncthreads();
       } else {
@@ -164,7 +167,7 @@ __global__ void __launch_bounds__(128) ring(copy_args a, const __grid_constant__
 }
 
 typedef void (*ring_fn)(copy_args, const CUtensorMap, const CUtensorMap);
-static const ring_fn ring_kernels[COPY_KINDS] = {ring<CP_HEAD, 64, 2>, ring<CP_GRID, 64, 2>, ring<BULK_HEAD, 64, 2>, ring<BULK_ROW, 16, 2>,
+static const ring_fn ring_kernels[COPY_KINDS] = {ring<CP_HEAD, 64, 2>, ring<CP_GRID, 64, 2>, ring<CP_WARP, 8, 4>, ring<BULK_HEAD, 64, 2>, ring<BULK_ROW, 16, 2>,
                                                  ring<BULK_RUN, 16, 3>, ring<TMA_RUN, 16, 3>};
 
 /* The pool as 3-D for the tensor map: 64 elements (128 B), token rows (2 KB apart), 16
@@ -197,7 +200,7 @@ static double time_kind(int kind, copy_args a, const CUtensorMap *mk, const CUte
     cudaMemsetAsync(a.counter, 0, sizeof(unsigned));
     cudaEventRecord(e0);
     if (kind < 0) whole_pages<<<dim3(a.pages_per_seq, a.seqs), 256>>>(a);
-    else ring_kernels[kind]<<<blocks, 128, smem>>>(a, *mk, *mv);
+    else ring_kernels[kind]<<<blocks, copy_threads[kind], smem>>>(a, *mk, *mv);
     cudaEventRecord(e1);
     cudaEventSynchronize(e1);
     float ms = 0.f;
@@ -255,27 +258,51 @@ extern "C" int fattn_bench_copies(int argc, char **argv) {
     double whole = time_kind(-1, a, &mk, &mv, 0, 0);
     double gb_whole = 2.0 * bytes / whole / 1e6;
     printf("\n%d seqs x %d tokens, page %d: whole pages, plain loads: %.1f GB/s\n", a.seqs, a.kv_len, a.page_size, gb_whole);
-    /* Every kind at its own residency; then the decode kernel's path held to 1 and 2 blocks an
-     * SM by unused shared memory (how the bytes a ring may hold in flight set the rate); then
-     * CP_GRID with items as long as a decode split or longer (how a grid's last wave does). */
-    for (int run = 0; run < COPY_KINDS + 5; run++) {
-      const int kind = run < COPY_KINDS ? run : run < COPY_KINDS + 2 ? CP_HEAD : CP_GRID;
+    /* Every kind at its own residency with items of COPY_ITEM tokens; then the decode
+     * kernel's path held to 1 and 2 blocks an SM by unused shared memory (how the bytes a ring
+     * may hold in flight set the rate); then the grid kinds with items as long as a decode
+     * split or longer (how a grid's last wave does). */
+    static const struct { int kind, smem_kb, item; } extra[] = {
+        {CP_HEAD, 120, COPY_ITEM}, {CP_HEAD, 80, COPY_ITEM}, {CP_GRID, 0, 1024}, {CP_GRID, 0, 2048},
+        {CP_GRID, 0, 4096},        {CP_WARP, 0, 1024},       {CP_WARP, 0, 2048}};
+    const int nextra = (int)(sizeof extra / sizeof extra[0]);
+    for (int run = 0; run < COPY_KINDS + nextra; run++) {
+      const int kind = run < COPY_KINDS ? run : extra[run - COPY_KINDS].kind;
       const int ring_bytes = copy_st[kind] * stage_bytes(kind);
-      const int smem = run == COPY_KINDS ? 120 * 1024 : run == COPY_KINDS + 1 ? 80 * 1024 : ring_bytes + 1024;
-      a.item = run < COPY_KINDS + 2 ? COPY_ITEM : COPY_ITEM << (run - COPY_KINDS - 1); /* 1024, 2048, 4096 */
+      const int smem = run >= COPY_KINDS && extra[run - COPY_KINDS].smem_kb ? extra[run - COPY_KINDS].smem_kb * 1024
+                                                                             : ring_bytes + 1024;
+      a.item = run < COPY_KINDS ? COPY_ITEM : extra[run - COPY_KINDS].item;
       if (a.item > a.kv_len) continue;
       int occ = 0;
       cudaFuncSetAttribute(ring_kernels[kind], cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, ring_kernels[kind], 128, smem);
-      const int blocks = kind == CP_GRID ? a.seqs * (a.kv_len / a.item) * 8 : sms * occ;
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, ring_kernels[kind], copy_threads[kind], smem);
+      const int blocks = kind == CP_GRID || kind == CP_WARP ? a.seqs * (a.kv_len / a.item) * 8 : sms * occ;
       double gb = 2.0 * bytes / time_kind(kind, a, &mk, &mv, blocks, smem) / 1e6;
       char name[96];
-      if (run < COPY_KINDS + 2) snprintf(name, sizeof name, "%s", copy_names[kind]);
-      else snprintf(name, sizeof name, "the same (a grid), items of %d tokens", a.item);
+      if (a.item == COPY_ITEM) snprintf(name, sizeof name, "%s", copy_names[kind]);
+      else snprintf(name, sizeof name, "%s, items of %d tokens", kind == CP_GRID ? "the same (a grid)" : "the same (a warp a block)", a.item);
       printf("  %-62s %d/SM %4d KB %7.1f GB/s %6.3f\n", name, occ, occ * ring_bytes / 1024, gb, gb / gb_whole);
       fflush(stdout);
       fprintf(csv, "%d,%d,%d,\"%s\",%d,%d,%.1f,%.4f\n", a.seqs, a.kv_len, a.page_size, name, occ,
               occ * ring_bytes / 1024, gb, gb / gb_whole);
+    }
+    /* The same pool with its pages in the order fattn-bench decode grows them, round robin over
+     * the sequences (page p of sequence s at p * seqs + s): the decode kernels are timed on it. */
+    for (int sq = 0; sq < a.seqs; sq++)
+      for (int pg = 0; pg < a.pages_per_seq; pg++) table[sq * a.pages_per_seq + pg] = pg * a.seqs + sq;
+    cudaMemcpy((void *)a.table, table, pages * sizeof(int), cudaMemcpyHostToDevice);
+    const double gb_rr = 2.0 * bytes / time_kind(-1, a, &mk, &mv, 0, 0) / 1e6;
+    printf("  pages grown round robin: whole pages, plain loads %.1f GB/s (%.3f of random order)\n", gb_rr, gb_rr / gb_whole);
+    static const struct { int kind, item; } rr[] = {{CP_GRID, COPY_ITEM}, {CP_WARP, COPY_ITEM}, {CP_WARP, 2048}};
+    for (size_t i = 0; i < sizeof rr / sizeof rr[0]; i++) {
+      const int kind = rr[i].kind, smem = copy_st[kind] * stage_bytes(kind) + 1024;
+      a.item = rr[i].item;
+      if (a.item > a.kv_len) continue;
+      const int blocks = a.seqs * (a.kv_len / a.item) * 8;
+      const double gb = 2.0 * bytes / time_kind(kind, a, &mk, &mv, blocks, smem) / 1e6;
+      printf("  round robin: %-49s items of %4d %7.1f GB/s %6.3f\n", copy_names[kind], a.item, gb, gb / gb_rr);
+      fprintf(csv, "%d,%d,%d,\"round robin: %s, items of %d\",0,0,%.1f,%.4f\n", a.seqs, a.kv_len, a.page_size,
+              copy_names[kind], a.item, gb, gb / gb_rr);
     }
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) { fprintf(stderr, "fattn-bench copies: %s\n", cudaGetErrorString(e)); return 1; }
