@@ -33,6 +33,8 @@ typedef struct copy_args {
   const int *table;  /* [seqs, pages_per_seq] */
   int pages_per_seq, page_size, kv_len, seqs;
   int item;          /* tokens a work item */
+  int split;         /* CP_WARP only: > 0, a block a (sequence x 8 + head, split) of this many tokens */
+  int chain;         /* CP_WARP only: dependent loads before the first copy, as a decode block's start */
   unsigned *counter; /* work items taken (zeroed before each launch) */
   unsigned *sink;
 } copy_args;
@@ -123,7 +125,6 @@ __global__ void __launch_bounds__(128) ring(copy_args a, const __grid_constant__
   __shared__ unsigned item_shared;
   constexpr int SB = KIND <= BULK_HEAD ? TOK * 256 * 2 : KIND == BULK_ROW ? TOK * COPY_PITCH * 2 : TOK * COPY_ROW * 2;
   constexpr int HEADS = KIND <= BULK_HEAD ? 8 : 1;
-  const int NS = a.item / TOK;
   char *ring_base = raw + ((1024u - (smem_addr(raw) & 1023u)) & 1023u); /* the swizzle wants 1 KB */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (threadIdx.x == 0) {
@@ -139,7 +140,17 @@ __global__ void __launch_bounds__(128) ring(copy_args a, const __grid_constant__
     __syncthreads();
     const unsigned item = item_shared;
     if (item >= (unsigned)(a.seqs * per_seq)) break;
-    const int seq = item / per_seq, r = item % per_seq, head = r % HEADS, t0 = r / HEADS * a.item;
+    int seq = item / per_seq, r = item % per_seq, head = r % HEADS, t0 = r / HEADS * a.item, NS = a.item / TOK;
+    if (KIND == CP_WARP && a.split) { /* the decode grid: x = sequence x 8 + head, y = split */
+      seq = blockIdx.x / 8, head = blockIdx.x % 8, t0 = blockIdx.y * a.split;
+      if (t0 >= a.kv_len) break;
+      NS = min(a.split, a.kv_len - t0) / TOK;
+    }
+    if (KIND == CP_WARP && a.chain) {
+      unsigned x = 0;
+      for (int i = 0; i < a.chain; i++) x = __ldcg(a.counter + 1 + (x & 1u));
+      acc += x;
+    }
     for (int s = 0; s < ST - 1; s++)
       issue<KIND, TOK>(a, &mk, &mv, ring_base + (g + s) % ST * SB, smem_addr(&bars[(g + s) % ST]), seq, head, t0 + s * TOK);
     for (int s = 0; s < NS; s++) {
@@ -191,7 +202,7 @@ static int run_map(CUtensorMap *m, const char *base, size_t rows) {
 }
 
 /* Median of 21 event-timed launches after 3 warm-ups; kind -1 is the whole-page read. */
-static double time_kind(int kind, copy_args a, const CUtensorMap *mk, const CUtensorMap *mv, int blocks, int smem) {
+static double time_kind(int kind, copy_args a, const CUtensorMap *mk, const CUtensorMap *mv, dim3 blocks, int smem) {
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
@@ -229,7 +240,8 @@ extern "C" int fattn_bench_copies(int argc, char **argv) {
   printf("paged KV [pages, page, 8 heads, 128] bf16, K and V, pages in random order; median of 21; KB: ring bytes an SM\n");
   copy_args a;
   memset(&a, 0, sizeof a);
-  cudaMalloc((void **)&a.counter, sizeof(unsigned));
+  cudaMalloc((void **)&a.counter, 4 * sizeof(unsigned)); /* [0] the work counter, [1..2] zeros to chase */
+  cudaMemset(a.counter, 0, 4 * sizeof(unsigned));
   cudaMalloc((void **)&a.sink, 4096);
   for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
     a.seqs = shapes[si][0], a.kv_len = shapes[si][1], a.page_size = shapes[si][2];
@@ -303,6 +315,35 @@ extern "C" int fattn_bench_copies(int argc, char **argv) {
       printf("  round robin: %-49s items of %4d %7.1f GB/s %6.3f\n", copy_names[kind], a.item, gb, gb / gb_rr);
       fprintf(csv, "%d,%d,%d,\"round robin: %s, items of %d\",0,0,%.1f,%.4f\n", a.seqs, a.kv_len, a.page_size,
               copy_names[kind], a.item, gb, gb / gb_rr);
+    }
+    /* The warp ring placed as the decode kernels place their blocks (grid entries x 8 heads by
+     * splits, the planner's split of a bs 64 / 128 step, two more rows of blocks that exit),
+     * then with a start of 6 dependent loads before the first copy. */
+    {
+      const int ns = a.seqs >= 128 ? 2 : 3, len = (a.kv_len / ns + 127) / 128 * 128;
+      const int smem = copy_st[CP_WARP] * stage_bytes(CP_WARP) + 1024;
+      for (int chain = 0; chain <= 6; chain += 6) {
+        a.item = COPY_ITEM, a.split = len, a.chain = chain;
+        const double gb = 2.0 * bytes / time_kind(CP_WARP, a, &mk, &mv, dim3(a.seqs * 8, ns + 2), smem) / 1e6;
+        printf("  round robin: the warp ring on the decode grid, %d splits of %d, start chain %d: %7.1f GB/s %6.3f\n",
+               ns, len, chain, gb, gb / gb_rr);
+        fprintf(csv, "%d,%d,%d,\"round robin: warp ring on the decode grid, chain %d\",0,0,%.1f,%.4f\n", a.seqs,
+                a.kv_len, a.page_size, chain, gb, gb / gb_rr);
+      }
+      /* K and V in one allocation, V a page past K's end, as a context's arena holds them */
+      char *kv = NULL;
+      if (cudaMalloc((void **)&kv, 2 * bytes + 65536) == cudaSuccess) {
+        copy_args b = a;
+        b.k = kv, b.v = kv + bytes + 32768, b.chain = 0;
+        cudaMemcpy(kv, k, bytes, cudaMemcpyDeviceToDevice);
+        cudaMemcpy(kv + bytes + 32768, v, bytes, cudaMemcpyDeviceToDevice);
+        const double gb_arena = 2.0 * bytes / time_kind(-1, b, &mk, &mv, 0, 0) / 1e6;
+        const double gb = 2.0 * bytes / time_kind(CP_WARP, b, &mk, &mv, dim3(a.seqs * 8, ns + 2), smem) / 1e6;
+        printf("  one allocation, V 32 KB past K: whole pages %.1f GB/s, the warp ring on the decode grid %.1f GB/s %6.3f\n",
+               gb_arena, gb, gb / gb_arena);
+        cudaFree(kv);
+      }
+      a.split = 0, a.chain = 0;
     }
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) { fprintf(stderr, "fattn-bench copies: %s\n", cudaGetErrorString(e)); return 1; }
