@@ -57,7 +57,7 @@ LINK_TEST = @echo '  LD    $@'; $(CC) $(CFLAGS) -o $@ $^ $(WRAP_FLAGS) $(STATIC_
 .DEFAULT_GOAL := all
 .SECONDARY:
 
-all: deps $(BUILD)/libfattn.a $(CPU_TESTS) $(GPU_TESTS) $(BUILD)/fattn-bench
+all: deps $(BUILD)/libfattn.a $(CPU_TESTS) $(GPU_TESTS) $(BUILD)/fattn-bench $(BUILD)/libktrace.so
 
 deps:
 	@bash .ci/deps
@@ -96,6 +96,13 @@ $(BUILD)/fattn-bench: $(BENCH_C:%.c=$(BUILD)/obj/%.o) $(BENCH_CU:%.cu=$(BUILD)/o
 	@echo '  LD    $@'
 	@$(CC) $(CFLAGS) -o $@ $^ -Wl,-Bstatic -ljemalloc -Wl,-Bdynamic $(CUDA_LIBS) $(SYS_LIBS)
 
+# Kernel-alone times of any program, through CUPTI (bench/ktrace; docs/perf.md, session 16):
+# KTRACE_OUT=k.txt CUDA_INJECTION64_PATH=$PWD/build/libktrace.so build/fattn-bench decode
+$(BUILD)/libktrace.so: bench/ktrace/ktrace.c
+	@mkdir -p $(dir $@)
+	@echo '  CC    $< (CUPTI injection library)'
+	@$(CC) -std=c11 $(CWARN) -O2 -shared -fPIC -I$(CUDA)/include -o $@ $< -L$(CUDA)/lib64 -lcupti -Wl,-rpath,$(CUDA)/lib64
+
 # Every suite; GPU suites skip themselves (one line each, counted) without a device.
 test: all
 	@bash tests/run.sh $(CPU_TESTS) $(GPU_TESTS)
@@ -111,7 +118,7 @@ GPU_PREREQ := $(if $(wildcard $(BUILD)/.carried),,all)
 # large and compress 10x). There: tar xJf build/gpu-bundle.tar.xz && make gpu-test
 gpu-bundle: all
 	@touch $(BUILD)/.carried
-	@tar cJf $(BUILD)/gpu-bundle.tar.xz $(GPU_TESTS) $(BUILD)/fattn-bench $(BUILD)/.carried
+	@tar cJf $(BUILD)/gpu-bundle.tar.xz $(GPU_TESTS) $(BUILD)/fattn-bench $(BUILD)/libktrace.so $(BUILD)/.carried
 	@rm -f $(BUILD)/.carried
 	@echo "  TAR   $(BUILD)/gpu-bundle.tar.xz ($$(du -h $(BUILD)/gpu-bundle.tar.xz | cut -f1))"
 
