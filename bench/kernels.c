@@ -8,6 +8,8 @@
 #include "lib/internal.h"
 #include "tests/support_gpu.h"
 
+int fattn_bench_ring_pages(const fattn__layer_params *l, const fattn__step_params *s, uint32_t entries,
+                           float *sink, void *stream);
 int fattn_bench_read_pages(const fattn__layer_params *l, const fattn__step_params *s, uint32_t entries,
                            float *sink, void *stream);
 
@@ -24,6 +26,9 @@ static uint32_t max_splits;
 /* `decode --backend fa2|fa3`: the decode-side backend (fa3 hands decode steps to fa2's kernels
  * unless the library was built with FA3_TAKES_DECODE=1, as measured in docs/perf.md). */
 static fattn_backend decode_backend = FATTN_BACKEND_AUTO;
+/* `decode --roofline ring`: the read column times a decode block's copy ring alone over the
+ * same pages (bench/read_pages.cu) instead of plain whole-page reads. */
+static int roofline_ring;
 
 static void fail(const char *what, const char *why) {
   fprintf(stderr, "%s: %s\n", what, why);
@@ -80,15 +85,15 @@ static double time_it(fattn_ctx *ctx, int which, const void *q, void *out, uint3
   fattn__layer_params l = fattn__layer_params_for(ctx, 0);
   fattn__step_params s;
   memset(&s, 0, sizeof s);
-  s.hdr = ctx->step.hdr, s.entries = ctx->step.entries, s.cap_entries = entries;
+  s.hdr = ctx->step.hdr, s.entries = ctx->step.entries, s.cap_entries = entries, s.max_splits = ctx->n.max_splits;
   double t[21];
   for (int r = -3; r < 21; r++) {
     cudaEventRecord(a, 0);
-    int e = which ? fattn_bench_read_pages(&l, &s, entries, sink, NULL)
+    int e = which ? (roofline_ring ? fattn_bench_ring_pages : fattn_bench_read_pages)(&l, &s, entries, sink, NULL)
                   : (int)fattn_attend(ctx, 0, q, out, NULL, NULL);
     cudaEventRecord(b, 0);
     cudaEventSynchronize(b);
-    if (e) fail("timed call", which ? "read kernel" : fattn_detail(ctx));
+    if (e) fail("timed call", which ? "read kernel (the ring takes d 128, 16-bit KV)" : fattn_detail(ctx));
     float ms;
     cudaEventElapsedTime(&ms, a, b);
     if (r >= 0) t[r] = ms;
@@ -99,6 +104,7 @@ static double time_it(fattn_ctx *ctx, int which, const void *q, void *out, uint3
 }
 
 static void run_shape(const kshape *k, FILE *csv) {
+  if (roofline_ring && (k->d != 128 || k->kv_dtype == FATTN_DTYPE_FP8_E4M3)) return; /* the ring's shapes only */
   uint32_t *ids = malloc(k->bs * sizeof *ids), *q_lens = malloc(k->bs * sizeof *q_lens);
   fattn_ctx *ctx = make_ctx(k, ids);
   for (uint32_t i = 0; i < k->bs; i++) q_lens[i] = k->q_len;
@@ -138,12 +144,18 @@ static void header(void) {
 }
 
 /* Options: --max-splits N (the split-KV bound of the contexts; default 32), --backend fa2|fa3
- * (the decode side's; default AUTO). */
+ * (the decode side's; default AUTO), --roofline read|ring (the read column's kernel). */
 int fattn_bench_decode(int argc, char **argv) {
-  for (int i = 1; i < argc; i += 2)
+  for (int i = 1; i < argc; i += 2) {
+    if (i + 1 < argc && strcmp(argv[i], "--roofline") == 0 &&
+        (strcmp(argv[i + 1], "read") == 0 || strcmp(argv[i + 1], "ring") == 0)) {
+      roofline_ring = strcmp(argv[i + 1], "ring") == 0;
+      continue;
+    }
     if (i + 1 >= argc || !((strcmp(argv[i], "--max-splits") == 0 && sscanf(argv[i + 1], "%u", &max_splits) == 1) ||
                            backend_arg(argv[i], argv[i + 1], &decode_backend)))
-      fail("fattn-bench decode", "options: --max-splits N, --backend fa2|fa3");
+      fail("fattn-bench decode", "options: --max-splits N, --backend fa2|fa3, --roofline read|ring");
+  }
   if (!fattn_bench_has_gpu()) fail("fattn-bench decode", "needs a CUDA device");
   static const kshape shapes[] = {
       {FATTN_MODE_DECODE, 64, 1, 4096, 16, 32, 8, 128, FATTN_DTYPE_BF16},
@@ -160,8 +172,8 @@ int fattn_bench_decode(int argc, char **argv) {
   FILE *csv = fopen("build/decode.csv", "w");
   if (!csv) fail("build/decode.csv", "cannot write");
   fprintf(csv, "mode,bs,q,kv,page,hq,hkv,d,kv_dtype,ms,gbps,read_gbps,tflops\n");
-  printf("fattn decode attention (Llama-3.1-8B heads), one layer, median of 21, max_splits %u; read = pure-read kernel over the same pages\n",
-         max_splits ? max_splits : 32u);
+  printf("fattn decode attention (Llama-3.1-8B heads), one layer, median of 21, max_splits %u; read = %s over the same pages\n",
+         max_splits ? max_splits : 32u, roofline_ring ? "a decode block's copy ring alone" : "pure-read kernel");
   header();
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) run_shape(&shapes[i], csv);
   fclose(csv);

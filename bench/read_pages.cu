@@ -1,5 +1,5 @@
-/* read_pages.cu: the bandwidth roofline of the decode benchmark: a kernel that only reads the
- * K and V pages a step attends to, one block per (page, entry), 16-byte loads. */
+/* read_pages.cu: the bandwidth rooflines of the decode benchmark: kernels that only read the K
+ * and V pages a step attends to, by plain loads or through a decode block's copy ring. */
 #include <cuda_runtime.h>
 
 extern "C" {
@@ -21,6 +21,64 @@ __global__ void read_pages_kernel(fattn__layer_params l, fattn__step_params s, u
     acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w;
   }
   if (acc == 0x9e3779b9u) sink[threadIdx.x] = (float)acc; // never true in practice; keeps the loads
+}
+
+/* The copy ring of a decode kernel alone (`--roofline ring`): a warp a block an (entry, kv head,
+ * split) of the planned step, cp.async of the head's 256-byte rows, 8-token stages 4 deep, the
+ * next stage issued before the wait; only a word of each stage is read. d 128, 16-bit KV. */
+#define RING_TOK 8
+#define RING_ST 4
+#ifndef RING_PITCH
+#define RING_PITCH 256 /* bytes between a stage's rows (the warp decode kernel pads to 272) */
+#endif
+#define RING_STAGE (2 * RING_TOK * RING_PITCH)
+__global__ void __launch_bounds__(32) ring_pages_kernel(fattn__layer_params l, fattn__step_params s, float *sink) {
+  extern __shared__ __align__(16) char ring[];
+  const uint32_t lane = threadIdx.x, ei = blockIdx.x / l.num_kv_heads, kvh = blockIdx.x % l.num_kv_heads;
+  const fattn__entry e = s.entries[ei];
+  const uint32_t nsp = e.num_splits > 1u ? e.num_splits : 1u;
+  const int32_t *pt = l.page_table + (size_t)e.seq * l.pages_per_seq;
+  const size_t rstride = (size_t)l.num_kv_heads * 256u;
+  const uint32_t shift = __ffs(l.page_size) - 1; /* page sizes are powers of two */
+  const char *kp = (const char *)l.k_pool + kvh * 256u + (lane & 15u) * 16u;
+  const char *vp = (const char *)l.v_pool + kvh * 256u + (lane & 15u) * 16u;
+  uint32_t acc = 0;
+  for (uint32_t sp = blockIdx.y; sp < nsp; sp += gridDim.y) {
+    const uint32_t kb = sp * e.split_len, ke = min(kb + e.split_len, e.kv_len);
+    const int nblk = ke > kb ? (int)((ke - kb + RING_TOK - 1) / RING_TOK) : 0;
+    auto copy = [&](int blk) {
+      if (blk < nblk)
+        for (int i = 0; i < RING_TOK / 2; i++) {
+          const uint32_t j = min(kb + (uint32_t)blk * RING_TOK + (lane >> 4) + 2u * i, ke - 1u);
+          const size_t row = ((size_t)(uint32_t)pt[j >> shift] << shift) + (j & (l.page_size - 1u));
+          char *dst = ring + (blk % RING_ST) * RING_STAGE + ((lane >> 4) + 2u * i) * RING_PITCH + (lane & 15u) * 16u;
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
+                       "l"(kp + row * rstride));
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(
+                           dst + RING_TOK * RING_PITCH)), "l"(vp + row * rstride));
+        }
+      asm volatile("cp.async.commit_group;\n");
+    };
+    for (int b = 0; b < RING_ST - 1; b++) copy(b);
+    for (int blk = 0; blk < nblk; blk++) {
+      __syncwarp();
+      copy(blk + RING_ST - 1);
+      asm volatile("cp.async.wait_group %0;\n" ::"n"(RING_ST - 1));
+      __syncwarp();
+      acc ^= *(const uint32_t *)(ring + (blk % RING_ST) * RING_STAGE + lane * 16u);
+    }
+    asm volatile("cp.async.wait_group 0;\n");
+    __syncwarp();
+  }
+  if (acc == 0x9e3779b9u) sink[lane] = (float)acc;
+}
+
+extern "C" int fattn_bench_ring_pages(const fattn__layer_params *l, const fattn__step_params *s, uint32_t entries,
+                                      float *sink, void *stream) {
+  if (l->head_dim != 128u || l->kv_dtype == 3u) return (int)cudaErrorInvalidValue;
+  dim3 grid(entries * l->num_kv_heads, s->max_splits < 64u ? s->max_splits : 64u);
+  ring_pages_kernel<<<grid, 32, RING_ST * RING_STAGE, (cudaStream_t)stream>>>(*l, *s, sink);
+  return (int)cudaGetLastError();
 }
 
 extern "C" int fattn_bench_read_pages(const fattn__layer_params *l, const fattn__step_params *s, uint32_t entries,

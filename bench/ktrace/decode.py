@@ -16,7 +16,7 @@ def shapes(lines):
     for line in lines:
         start, end, _grid, name = line.split(None, 3)
         start, end = int(start), int(end)
-        if "read_pages" in name:
+        if "read_pages" in name or "ring_pages" in name:  # the read column's kernel, either roofline
             if cur is not None:
                 cur["read"].append(end - start)
             continue
