@@ -18,7 +18,7 @@ extern "C" double fattn_bench_median(double *v, size_t n);
 enum { CP_HEAD, CP_GRID, CP_WARP, BULK_HEAD, BULK_ROW, BULK_RUN, TMA_RUN, COPY_KINDS };
 static const char *const copy_names[COPY_KINDS] = {
     "cp.async 16 B, one head (decode kernel's path), 64 tok x 2 stages",
-    "the same, a block an item (a grid, as the decode kernel) ",
+    "the same, a block an item (a grid, as the decode kernel)",
     "the same, a warp a block, 8 tok x 4 stages (a grid)",
     "bulk copy a 256-B head row, 64 tok x 2 stages",
     "bulk copy a 2-KB token row (padded), 16 tok x 2 stages",
@@ -39,10 +39,11 @@ typedef struct copy_args {
   unsigned *sink;
 } copy_args;
 
-static int stage_bytes(int kind) {
-  int tok = copy_tok[kind];
+/* Bytes of a ring slot, K then V: head rows of 256 B, padded token rows, or whole token rows. */
+__host__ __device__ constexpr int slot_bytes(int kind, int tok) {
   return kind <= BULK_HEAD ? tok * 256 * 2 : kind == BULK_ROW ? tok * COPY_PITCH * 2 : tok * (int)COPY_ROW * 2;
 }
+static int stage_bytes(int kind) { return slot_bytes(kind, copy_tok[kind]); }
 
 __global__ void whole_pages(copy_args a) {
   int page = a.table[blockIdx.y * a.pages_per_seq + blockIdx.x];
@@ -77,7 +78,7 @@ __device__ __forceinline__ void tma_run(void *dst, const CUtensorMap *m, int row
 template <int KIND, int TOK>
 __device__ __forceinline__ void issue(const copy_args &a, const CUtensorMap *mk, const CUtensorMap *mv, char *slot,
                                       unsigned bar, int seq, int head, int t0) {
-  constexpr int SB = KIND <= BULK_HEAD ? TOK * 256 * 2 : KIND == BULK_ROW ? TOK * COPY_PITCH * 2 : TOK * COPY_ROW * 2;
+  constexpr int SB = slot_bytes(KIND, TOK);
   if constexpr (KIND <= CP_WARP) {
     constexpr int NT = KIND == CP_WARP ? 32 : 128;
 #pragma unroll
@@ -123,7 +124,7 @@ __global__ void __launch_bounds__(128) ring(copy_args a, const __grid_constant__
   extern __shared__ __align__(1024) char raw[];
   __shared__ __align__(8) unsigned long long bars[ST];
   __shared__ unsigned item_shared;
-  constexpr int SB = KIND <= BULK_HEAD ? TOK * 256 * 2 : KIND == BULK_ROW ? TOK * COPY_PITCH * 2 : TOK * COPY_ROW * 2;
+  constexpr int SB = slot_bytes(KIND, TOK);
   constexpr int HEADS = KIND <= BULK_HEAD ? 8 : 1;
   char *ring_base = raw + ((1024u - (smem_addr(raw) & 1023u)) & 1023u); /* the swizzle wants 1 KB */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

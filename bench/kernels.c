@@ -93,7 +93,7 @@ static double time_it(fattn_ctx *ctx, int which, const void *q, void *out, uint3
                   : (int)fattn_attend(ctx, 0, q, out, NULL, NULL);
     cudaEventRecord(b, 0);
     cudaEventSynchronize(b);
-    if (e) fail("timed call", which ? "read kernel (the ring takes d 128, 16-bit KV)" : fattn_detail(ctx));
+    if (e) fail("timed call", which ? "read kernel" : fattn_detail(ctx));
     float ms;
     cudaEventElapsedTime(&ms, a, b);
     if (r >= 0) t[r] = ms;

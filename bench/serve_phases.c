@@ -85,8 +85,9 @@ static double kernel_sum_ms(serve *s, double us[3]) {
       cudaGraphLaunch(x, s->stream);
       t[r] = fattn_bench_timer_ms(s, t0) / 20;
     }
-    us[which] = fattn_bench_median(t, 9) * 1e3;
-    total += fattn_bench_median(t, 9) * s->layers;
+    const double ms = fattn_bench_median(t, 9);
+    us[which] = ms * 1e3;
+    total += ms * s->layers;
     cudaGraphExecDestroy(x);
     cudaGraphDestroy(g);
   }
