@@ -176,11 +176,19 @@ __device__ __forceinline__ uint32_t fa2__find(const fattn__entry *e, uint32_t n,
   return lo;
 }
 
+/* Byte offset of 16-byte chunk c of tile row r. Rows of whole 128-byte lines (SW) are stored
+ * unpadded with their chunks XOR-permuted by r & 7, so that ldmatrix's eight rows (r & 7 all
+ * different) fall in eight different bank groups: a padded pitch does that too, but leaves rows
+ * off 128-byte alignment, and the decode kind streamed 5% slower so (docs/perf.md, session 17). */
+template <int DROW, bool SW> __device__ __forceinline__ int fa2__at(int r, int c) {
+  return r * DROW + (SW ? c ^ (r & 7) : c) * 16;
+}
+
 /* Copies one block's rows (16-byte chunks, CH a row; with RANGE only rows [r_lo, r_hi)) for
- * the slots in rsb: row r of the block lands at dst + r * DROW. The chunk index per thread is
- * fixed at compile time, so a copy costs one shared load of its slot, one wide multiply-add and
- * the cp.async. */
-template <int BN, int CH, int NT, int DROW, bool RANGE>
+ * the slots in rsb: chunk c of row r lands at dst + fa2__at<DROW, SW>(r, c). The chunk index
+ * per thread is fixed at compile time, so a copy costs one shared load of its slot, one wide
+ * multiply-add and the cp.async. */
+template <int BN, int CH, int NT, int DROW, bool SW, bool RANGE>
 __device__ __forceinline__ void fa2__rows(char *dst, const char *src, size_t stride, const uint32_t *rsb, int tid,
                                           int r_lo, int r_hi) {
 #pragma unroll
@@ -189,7 +197,7 @@ __device__ __forceinline__ void fa2__rows(char *dst, const char *src, size_t str
     if ((BN * CH % NT == 0 || ci < BN * CH) && (!RANGE || (r >= r_lo && r < r_hi))) {
       const uint32_t sl = rsb[r];
       const bool ok = sl != UINT32_MAX;
-      fa2__cp16(dst + r * DROW + c * 16, src + (ok ? (size_t)sl * stride : 0u) + c * 16, ok);
+      fa2__cp16(dst + fa2__at<DROW, SW>(r, c), src + (ok ? (size_t)sl * stride : 0u) + c * 16, ok);
     }
   }
 }
@@ -242,13 +250,17 @@ struct fa2__cfg {
    * fragments load (exact for |q| in [2^-14, 65504]). */
   using T = typename std::conditional<KVT == 3, __half, TQ>::type;
   static constexpr int NT = MW * NW * 32, BM = MW * 16, WN = BN / NW;
-  static constexpr int LDQ = HD + 8, LDV = HDV + 8, LDO = HDV + 4;
+  static constexpr int LDQ = HD + 8, LDO = HDV + 4;
   static constexpr bool CONV = KVT == 3;
   static constexpr int KB = CONV ? 1 : 2;
   static constexpr int CK = HD * KB / 16, CV = HDV * KB / 16; /* 16-byte chunks per row */
   static constexpr int Q_BYTES = BM * LDQ * 2;
   static constexpr int RS_BYTES = ST * BN * 4; /* pool row of each slot, per stage */
-  static constexpr bool QREG = HD <= 128;      /* Q fragments held in registers */
+  /* Q fragments held in registers, except in the 2-stage 16-row decode kind with 16-bit KV:
+   * there the 32 registers they take, under the kind's 168-register cap, cost more than an
+   * ldmatrix of Q a block (bs 64 x 4096 -8%, with the swizzle below; docs/perf.md, session 17).
+   * fp8's fragments are converted as they load, so they stay. */
+  static constexpr bool QREG = HD <= 128 && !(MW == 1 && NW > 1 && ST != FA2_DEEP_ST && !CONV);
   /* Where its blocks are resident at once (bs 1-8 at serving contexts) a decode block's chain
    * of dependent loads is the step's latency: blocks of the 16-row kinds that start with the
    * grid read metadata and start the copies of earlier steps' rows before their
@@ -259,9 +271,12 @@ struct fa2__cfg {
   static constexpr bool EARLY = NW > 1 && MW == 1;
   static constexpr bool ALL_EARLY = EARLY && ST == FA2_DEEP_ST;
   static constexpr uint32_t RESIDENT = HD <= 128 ? FA2_DEC_MINB : 1; /* as __launch_bounds__ */
-  /* fp8 rows are padded by 16 bytes so that ldmatrix's eight rows hit distinct banks. */
-  static constexpr int LRK = HD + 16, LRV = HDV + 16;
-  static constexpr int TILE_BYTES = CONV ? BN * (LRK + LRV) : BN * (LDQ + LDV) * 2;
+  /* K and V tile rows: unpadded and swizzled where a row is whole 128-byte lines (fa2__at),
+   * else padded by 16 bytes so that ldmatrix's eight rows hit distinct banks. */
+  static constexpr bool SWON = NW > 1 && !CONV; /* the decode kinds with 16-bit KV (measured there) */
+  static constexpr bool SWK = SWON && HD * KB % 128 == 0, SWV = SWON && HDV * KB % 128 == 0;
+  static constexpr int KROW = HD * KB + (SWK ? 0 : 16), VROW = HDV * KB + (SWV ? 0 : 16);
+  static constexpr int TILE_BYTES = BN * (KROW + VROW);
   static constexpr int KV_BYTES = ST * TILE_BYTES;
   static constexpr int EPI_BYTES = NW * BM * (LDO + 2) * 4;
   static constexpr int SMEM = Q_BYTES + RS_BYTES + (KV_BYTES > EPI_BYTES ? KV_BYTES : EPI_BYTES);
@@ -315,9 +330,8 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
       const int buf = blk % ST;
       const uint32_t *rsb = rs + buf * BN;
       char *kd = kv + buf * C::TILE_BYTES;
-      char *vd = kd + BN * (C::CONV ? C::LRK : C::LDQ * 2);
-      fa2__rows<BN, C::CK, C::NT, C::CONV ? C::LRK : C::LDQ * 2, RG>(kd, ksrc, kst, rsb, tid, r_lo, r_hi);
-      fa2__rows<BN, C::CV, C::NT, C::CONV ? C::LRV : C::LDV * 2, RG>(vd, vsrc, vst, rsb, tid, r_lo, r_hi);
+      fa2__rows<BN, C::CK, C::NT, C::KROW, C::SWK, RG>(kd, ksrc, kst, rsb, tid, r_lo, r_hi);
+      fa2__rows<BN, C::CV, C::NT, C::VROW, C::SWV, RG>(kd + BN * C::KROW, vsrc, vst, rsb, tid, r_lo, r_hi);
     }
   };
   auto load = [&](int blk) {
@@ -378,15 +392,15 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
      * loop's code, ~23 more instructions a warp an iteration (perf.md, session 12). */
     const uint32_t rows = (uint32_t)min(nblk, ST - 1) * BN;
     const uint32_t f0 = min(max(e.kv_len - e.new_len, kb) - kb, rows);
-    constexpr int CH = C::CK + C::CV, KROW = C::CONV ? C::LRK : C::LDQ * 2, VROW = C::CONV ? C::LRV : C::LDV * 2;
+    constexpr int CH = C::CK + C::CV;
     for (int ci = tid; ci < (int)(rows - f0) * CH; ci += C::NT) {
       const int r = (int)f0 + ci / CH, c = ci % CH;
       const uint32_t sl = rs[r];
       const bool ok = sl != UINT32_MAX;
       const size_t at = ok ? sl : 0u;
-      char *kd = kv + (r / BN) * C::TILE_BYTES + (r % BN) * KROW;
-      if (c < C::CK) fa2__cp16(kd + c * 16, ksrc + at * kst + c * 16, ok);
-      else fa2__cp16(kd + BN * KROW + (r % BN) * (VROW - KROW) + (c - C::CK) * 16,
+      char *kd = kv + (r / BN) * C::TILE_BYTES;
+      if (c < C::CK) fa2__cp16(kd + fa2__at<C::KROW, C::SWK>(r % BN, c), ksrc + at * kst + c * 16, ok);
+      else fa2__cp16(kd + BN * C::KROW + fa2__at<C::VROW, C::SWV>(r % BN, c - C::CK),
                      vsrc + at * vst + (c - C::CK) * 16, ok);
     }
     fa2__commit();
@@ -423,7 +437,7 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
     load(blk + ST - 1);
     const uint32_t ahead = tid < BN ? slot_of(blk + ST, tid, false) : 0u; /* stored after the math */
     const char *Kt = kv + (blk % ST) * C::TILE_BYTES;
-    const char *Vt = Kt + BN * (C::CONV ? C::LRK : C::LDQ * 2);
+    const char *Vt = Kt + BN * C::KROW;
     const uint32_t j0 = kb + blk * BN;
     if constexpr (C::QREG) {
       if (blk == 0) {
@@ -447,8 +461,8 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
 #pragma unroll
         for (int np = 0; np < C::WN / 16; np++) {
           uint32_t R[4], B[4][2];
-          fa2__ldm4(R, Kt + (wn * C::WN + np * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * C::LRK +
-                           (2 * k2 + (lane >> 4)) * 16);
+          fa2__ldm4(R, Kt + fa2__at<C::KROW, C::SWK>(wn * C::WN + np * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                                     2 * k2 + (lane >> 4)));
 #pragma unroll
           for (int q = 0; q < 4; q++) {
             B[q][0] = fa2__e4m3x2<T>((uint16_t)(R[q] & 0xffffu));
@@ -470,8 +484,8 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
 #pragma unroll
         for (int np = 0; np < C::WN / 16; np++) {
           uint32_t B[4];
-          fa2__ldm4(B, (const T *)Kt + (wn * C::WN + np * 16 + (lane & 7) + (lane >> 4) * 8) * C::LDQ + ks * 16 +
-                           ((lane >> 3) & 1) * 8);
+          fa2__ldm4(B, Kt + fa2__at<C::KROW, C::SWK>(wn * C::WN + np * 16 + (lane & 7) + (lane >> 4) * 8,
+                                                     2 * ks + ((lane >> 3) & 1)));
           fa2__mma<T>(sc[2 * np], A, B);
           fa2__mma<T>(sc[2 * np + 1], A, B + 2);
         }
@@ -534,8 +548,8 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
 #pragma unroll
         for (int dq = 0; dq < HDV / 32; dq++) {
           uint32_t R[4];
-          fa2__ldm4t(R, Vt + (wn * C::WN + kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * C::LRV + dq * 32 +
-                            (lane >> 4) * 16);
+          fa2__ldm4t(R, Vt + fa2__at<C::VROW, C::SWV>(wn * C::WN + kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                                      2 * dq + (lane >> 4)));
 #pragma unroll
           for (int hh = 0; hh < 2; hh++) {
             uint32_t Be[2], Bo[2];
@@ -552,8 +566,8 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
 #pragma unroll
         for (int dp = 0; dp < HDV / 16; dp++) {
           uint32_t B[4];
-          fa2__ldm4t(B, (const T *)Vt + (wn * C::WN + kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * C::LDV +
-                            dp * 16 + (lane >> 4) * 8);
+          fa2__ldm4t(B, Vt + fa2__at<C::VROW, C::SWV>(wn * C::WN + kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                                      2 * dp + (lane >> 4)));
           fa2__mma<T>(o[2 * dp], A, B);
           fa2__mma<T>(o[2 * dp + 1], A, B + 2);
         }
