@@ -38,6 +38,9 @@
 #ifndef FATTN__CTAS_PER_SM
 #define FATTN__CTAS_PER_SM 8u
 #endif
+/* Blocks an SM of fa2's 2-stage decode kind (its FA2_DEC_MINB), the wave the split rule of
+ * one-query decode steps rounds to. */
+#define FATTN__DECODE_RESIDENT 3u
 
 /* One entry of a step. The host fills seq..mask_row; fattn__prep fills the rest. */
 typedef struct fattn__entry {
@@ -92,6 +95,20 @@ typedef struct fattn__page_copy {
 /* Never overflows: q_len may come close to UINT32_MAX in a rejected batch's arithmetic. */
 FATTN__HD uint32_t fattn__ceil_div(uint32_t a, uint32_t b) { return a / b + (a % b != 0u); }
 
+/* Of 1..hi splits of each of per_entry (entry, kv head) pairs, the count whose blocks take the
+ * fewest rounds of `wave` resident blocks per split (rounds / splits least; ties to fewer
+ * splits, which save the combine): ceil(n * per_entry / wave) rounds of kv_len / n slots. */
+FATTN__HD uint32_t fattn__wave_splits(uint32_t per_entry, uint32_t wave, uint32_t hi) {
+  uint32_t best = 1u;
+  uint64_t best_rounds = fattn__ceil_div(per_entry, wave), blocks = per_entry, rounds = best_rounds;
+  for (uint32_t n = 2u; n <= hi; n++) {
+    blocks += per_entry;
+    while (rounds * wave < blocks) rounds++;
+    if (rounds * best < best_rounds * n) { best = n; best_rounds = rounds; }
+  }
+  return best;
+}
+
 /* Split policy, identical on host and device. Decode-like modes split long KV so that
  * num_entries * kv_heads * splits reaches target_ctas, in splits of FATTN__SPLIT_MIN_KV or
  * more, or of FATTN__SPLIT_MIN_KV_SHORT where those would not give every SM a block;
@@ -111,6 +128,15 @@ FATTN__HD uint32_t fattn__splits_for(const fattn__step_hdr *h, uint32_t kv_len, 
   }
   uint32_t n = want < by_len ? want : by_len;
   if (n > h->max_splits) n = h->max_splits;
+  /* Steps of one-query entries that fill a wave of the decode kind: equal blocks run in
+   * rounds, so the count comes from fattn__wave_splits instead (docs/perf.md, session 17). */
+  const uint32_t wave = FATTN__DECODE_RESIDENT * (h->target_ctas / FATTN__CTAS_PER_SM);
+  if (q_len == 1u && wave && (uint64_t)per_entry * (n ? n : 1u) >= wave) {
+    uint32_t hi = fattn__ceil_div(2u * h->target_ctas, per_entry);
+    if (hi > by_len) hi = by_len;
+    if (hi > h->max_splits) hi = h->max_splits;
+    n = fattn__wave_splits(per_entry, wave, hi);
+  }
   if (n < 2u || q_len == 0u) return 1u;
   return n;
 }
