@@ -41,6 +41,10 @@
 /* Blocks an SM of fa2's 2-stage decode kind (its FA2_DEC_MINB), the wave the split rule of
  * one-query decode steps rounds to. */
 #define FATTN__DECODE_RESIDENT 3u
+/* The wave rule adds splits only where each stays this long: shorter ones pay more in block
+ * starts and the combine than the rounds save (bs 128 and 256 at context 512: 6.5-8% slower
+ * steps with splits of 256; docs/perf.md, session 17). */
+#define FATTN__WAVE_MIN_KV 1024u
 
 /* One entry of a step. The host fills seq..mask_row; fattn__prep fills the rest. */
 typedef struct fattn__entry {
@@ -129,13 +133,15 @@ FATTN__HD uint32_t fattn__splits_for(const fattn__step_hdr *h, uint32_t kv_len, 
   uint32_t n = want < by_len ? want : by_len;
   if (n > h->max_splits) n = h->max_splits;
   /* Steps of one-query entries that fill a wave of the decode kind: equal blocks run in
-   * rounds, so the count comes from fattn__wave_splits instead (docs/perf.md, session 17). */
+   * rounds, so fattn__wave_splits picks the count, taken where it is no more than the target's
+   * or its splits stay long (docs/perf.md, session 17). */
   const uint32_t wave = FATTN__DECODE_RESIDENT * (h->target_ctas / FATTN__CTAS_PER_SM);
   if (q_len == 1u && wave && (uint64_t)per_entry * (n ? n : 1u) >= wave) {
     uint32_t hi = fattn__ceil_div(2u * h->target_ctas, per_entry);
     if (hi > by_len) hi = by_len;
     if (hi > h->max_splits) hi = h->max_splits;
-    n = fattn__wave_splits(per_entry, wave, hi);
+    const uint32_t w = fattn__wave_splits(per_entry, wave, hi);
+    if (w <= n || kv_len / w >= FATTN__WAVE_MIN_KV) n = w;
   }
   if (n < 2u || q_len == 0u) return 1u;
   return n;
