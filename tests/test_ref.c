@@ -639,6 +639,35 @@ START_TEST(split_merge_equals_one_pass) {
 }
 END_TEST
 
+/* Splits of one entry of a step of `entries` equal entries, Llama-3.1-8B's 8 kv heads, on 132
+ * SMs at the default target (the shapes docs/perf.md's session 17 measured). */
+static uint32_t splits_of(uint32_t mode, uint32_t entries, uint32_t q_len, uint32_t kv_len) {
+  fattn__step_hdr h = {.mode = mode, .num_entries = entries, .max_splits = 32,
+                       .target_ctas = FATTN__CTAS_PER_SM * 132u, .num_kv_heads = 8};
+  fattn__entry x = {.q_len = q_len, .kv_len = kv_len};
+  fattn__split_of(&h, &x);
+  return x.num_splits;
+}
+
+/* One-query decode steps that fill a wave of the decode kind take the split count whose
+ * blocks run in the fewest rounds, more than the target's only while splits stay long. */
+START_TEST(split_count_follows_waves) {
+  ck_assert_uint_eq(fattn__wave_splits(512, 396, 5), 3);  /* 3.9 rounds of 3 splits */
+  ck_assert_uint_eq(fattn__wave_splits(1024, 396, 3), 3); /* 7.8 rounds: 2.6 a split */
+  ck_assert_uint_eq(fattn__wave_splits(128, 396, 8), 3);  /* a tie with 6 goes to fewer */
+  ck_assert_uint_eq(fattn__wave_splits(100, 396, 1), 1);
+  const uint32_t D = FATTN_MODE_DECODE;
+  ck_assert_uint_eq(splits_of(D, 64, 1, 4096), 3);
+  ck_assert_uint_eq(splits_of(D, 128, 1, 8192), 3);  /* the target alone gives 2 */
+  ck_assert_uint_eq(splits_of(D, 16, 1, 1024), 3);   /* the target alone gives 8 */
+  ck_assert_uint_eq(splits_of(D, 128, 1, 528), 2);   /* 3 would leave splits of 256, 256, 16 */
+  ck_assert_uint_eq(splits_of(D, 256, 1, 528), 1);
+  ck_assert_uint_eq(splits_of(D, 1, 1, 32768), 32);  /* under a wave: the target's, at max_splits */
+  ck_assert_uint_eq(splits_of(FATTN_MODE_TARGET_VERIFY, 128, 8, 8192), 2); /* 8 queries: the target's */
+  ck_assert_uint_eq(splits_of(FATTN_MODE_PREFILL, 128, 1, 8192), 1);
+}
+END_TEST
+
 START_TEST(chunked_local_closed_form) {
   rng_state = 11;
   fx f;
@@ -890,7 +919,7 @@ END_TEST
 FATTN_SUITE("ref", FATTN_TEST_CPU, single_key_gives_v, equal_scores_give_mean,
             window_zero_sees_itself, softcap_bounds_scores, sinks_join_denominator,
             fp8_store_round_trip, tree_mask_chain_equals_causal, draft_decode_shares_prefix,
-            decode_equals_prefill_last_row, split_merge_equals_one_pass,
+            decode_equals_prefill_last_row, split_merge_equals_one_pass, split_count_follows_waves,
             chunked_local_closed_form, cross_is_not_causal, gqa_maps_heads_to_groups,
             mla_reads_v_from_k, p_dtype_rounds_p, head_dims_and_page_sizes, empty_row_is_zero,
             store_converts_into_pages)
