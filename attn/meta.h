@@ -38,8 +38,8 @@
 #ifndef FATTN__CTAS_PER_SM
 #define FATTN__CTAS_PER_SM 8u
 #endif
-/* Blocks an SM of fa2's 2-stage decode kind (its FA2_DEC_MINB), the wave the split rule of
- * one-query decode steps rounds to. */
+/* Blocks an SM of fa2's 2-stage decode kind (FA2_DEC_MINB defaults to it), the wave the split
+ * rule of one-query decode steps rounds to. */
 #define FATTN__DECODE_RESIDENT 3u
 /* The wave rule adds splits only where each stays this long: shorter ones pay more in block
  * starts and the combine than the rounds save (bs 128 and 256 at context 512: 6.5-8% slower

@@ -29,7 +29,7 @@ __global__ void read_pages_kernel(fattn__layer_params l, fattn__step_params s, u
 #define RING_TOK 8
 #define RING_ST 4
 #ifndef RING_PITCH
-#define RING_PITCH 256 /* bytes between a stage's rows (the warp decode kernel pads to 272) */
+#define RING_PITCH 256 /* bytes between a stage's rows; 272, a padded pitch, streams 7% slower (perf.md, session 17) */
 #endif
 #define RING_STAGE (2 * RING_TOK * RING_PITCH)
 __global__ void __launch_bounds__(32) ring_pages_kernel(fattn__layer_params l, fattn__step_params s, float *sink) {

@@ -218,7 +218,7 @@ __device__ __forceinline__ void fa2__rows(char *dst, const char *src, size_t str
 #define FA2_DEC_ST 2
 #endif
 #ifndef FA2_DEC_MINB
-#define FA2_DEC_MINB 3
+#define FA2_DEC_MINB FATTN__DECODE_RESIDENT /* the split rule's wave (attn/meta.h) */
 #endif
 /* With less than a wave of blocks nothing else hides a block's stalls, and a third stage (2
  * blocks an SM) measured +7-9% at bs 1 x 32768 where it lost 6-15% on full grids (perf.md,
@@ -256,11 +256,6 @@ struct fa2__cfg {
   static constexpr int CK = HD * KB / 16, CV = HDV * KB / 16; /* 16-byte chunks per row */
   static constexpr int Q_BYTES = BM * LDQ * 2;
   static constexpr int RS_BYTES = ST * BN * 4; /* pool row of each slot, per stage */
-  /* Q fragments held in registers, except in the 2-stage 16-row decode kind with 16-bit KV:
-   * there the 32 registers they take, under the kind's 168-register cap, cost more than an
-   * ldmatrix of Q a block (bs 64 x 4096 -8%, with the swizzle below; docs/perf.md, session 17).
-   * fp8's fragments are converted as they load, so they stay. */
-  static constexpr bool QREG = HD <= 128 && !(MW == 1 && NW > 1 && ST != FA2_DEEP_ST && !CONV);
   /* Where its blocks are resident at once (bs 1-8 at serving contexts) a decode block's chain
    * of dependent loads is the step's latency: blocks of the 16-row kinds that start with the
    * grid read metadata and start the copies of earlier steps' rows before their
@@ -271,6 +266,11 @@ struct fa2__cfg {
   static constexpr bool EARLY = NW > 1 && MW == 1;
   static constexpr bool ALL_EARLY = EARLY && ST == FA2_DEEP_ST;
   static constexpr uint32_t RESIDENT = HD <= 128 ? FA2_DEC_MINB : 1; /* as __launch_bounds__ */
+  /* Q fragments held in registers, except in the 2-stage 16-row decode kind with 16-bit KV:
+   * there the 32 registers they take, under the kind's 168-register cap, cost more than an
+   * ldmatrix of Q a block (bs 64 x 4096 -8%, with the swizzle below; docs/perf.md, session 17).
+   * fp8's fragments are converted as they load, so they stay. */
+  static constexpr bool QREG = HD <= 128 && (!EARLY || ALL_EARLY || CONV);
   /* K and V tile rows: unpadded and swizzled where a row is whole 128-byte lines (fa2__at),
    * else padded by 16 bytes so that ldmatrix's eight rows hit distinct banks. */
   static constexpr bool SWON = NW > 1 && !CONV; /* the decode kinds with 16-bit KV (measured there) */
