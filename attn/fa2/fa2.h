@@ -39,6 +39,8 @@ typedef struct fa2__args {
 #define FA2__KIND_PREFILL 1
 #define FA2__KIND_WIDE 2
 #define FA2__KIND_DEEP 3
+/* Flag on a decode kind: tiles of 8 rows with the products transposed (head dims up to 128). */
+#define FA2__NARROW 8
 int fa2__launch_hd64(const fa2__args *a, int kind, dim3 grid, cudaStream_t st);
 /* Multiprocessors of the current device (read once; fa3 sizes its persistent grid by it). */
 int fa2__sm_count(void);
@@ -125,6 +127,36 @@ template <typename T> __device__ __forceinline__ uint32_t fa2__e4m3x2(uint16_t b
     float2 f = __half22float2(*(__half2 *)&h);
     return fa2__pack<T>(f.x, f.y);
   }
+}
+
+/* A packed pair of Q's type as the mma's type (bf16 Q narrows to fp16 beside fp8 KV). */
+template <typename T, typename TQ> __device__ __forceinline__ uint32_t fa2__to_mma(uint32_t w) {
+  if constexpr (std::is_same<T, TQ>::value) {
+    return w;
+  } else {
+    const __nv_bfloat162 b = *(const __nv_bfloat162 *)&w;
+    return fa2__pack<T>(__low2float(b), __high2float(b));
+  }
+}
+
+/* 8x8 transpose of 16-bit elements across the warp: a thread's pair of row g becomes the pair
+ * of column g, so the transposed scores' accumulator feeds the next mma as its B operand. */
+__device__ __forceinline__ uint32_t fa2__transpose8(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
+/* Max and sum over the 8 lanes that share lane & 3 (a transposed tile's slots). */
+__device__ __forceinline__ float fa2__slot_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 4));
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 8));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 16));
+}
+__device__ __forceinline__ float fa2__slot_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 4);
+  x += __shfl_xor_sync(0xffffffffu, x, 8);
+  return x + __shfl_xor_sync(0xffffffffu, x, 16);
 }
 
 /* 2^x on the SFU alone. exp2f adds a range test and two multiplies a call so that results
@@ -236,20 +268,29 @@ __device__ __forceinline__ void fa2__rows(char *dst, const char *src, size_t str
 #define FA2_WIDE_ST 2
 #endif
 
-/* ---- the attention kernel. One CTA computes BM = 16 * MW query rows against a KV range.
- * Decode (NW > 1; MW 1, or 2 for verify): rows are the q heads of one kv head times the
- * entry's queries (GQA packing), the range one split; the NW column warps of each 16-row slab
- * split each KV block by columns, merged at the end. Prefill (MW 4, NW 1): 64 queries of one
+/* ---- the attention kernel. One CTA computes BM query rows (16-row slabs, MW of them)
+ * against a KV range. Decode (NW > 1; BM 8, 16, or 32 for verify): rows are the q heads of one
+ * kv head times the entry's queries (GQA packing), the range one split; the NW column warps
+ * split each KV block by columns, merged at the end. Prefill (BM 64, NW 1): 64 queries of one
  * q head, whole range.
  * K/V blocks of BN slots are gathered row by row from pages with cp.async, ST stages deep;
  * fp8 blocks land raw and are widened in registers after ldmatrix, so they move half the bytes. */
-template <int HD, int HDV, int MW, int NW, int BN, int ST, typename TQ, int KVT>
+template <int HD, int HDV, int ROWS, int NW, int BN, int ST, typename TQ, int KVT>
 struct fa2__cfg {
   /* mma type: Q's own, except fp8 KV, which widens exactly to fp16 (one cvt per pair on
    * sm_89+) in registers right after ldmatrix; bf16 Q is then narrowed to fp16 as its
    * fragments load (exact for |q| in [2^-14, 65504]). */
   using T = typename std::conditional<KVT == 3, __half, TQ>::type;
-  static constexpr int NT = MW * NW * 32, BM = MW * 16, WN = BN / NW;
+  /* Products transposed for tiles of 8 rows (decode steps of at most 8 packed rows: GQA <= 8
+   * at one query): S^T = K Q^T and O^T = V^T P^T put a warp's 16 slots (K) or 16 dims (V) on
+   * the mma's 16-row side and the rows on its n = 8 side, so that GQA 4 pads 4 of 8 columns
+   * where a 16-row tile of Q pads 12 of 16 rows: half the mma, scores and accumulators. A
+   * thread holds slots or dims g and g + 8 of rows 2 c4 and 2 c4 + 1. */
+  static constexpr bool TR = ROWS == 8;
+  static constexpr int MW = TR ? 1 : ROWS / 16;
+  static constexpr int NT = MW * NW * 32, BM = ROWS, WN = BN / NW;
+  static constexpr int NS = TR ? WN / 16 : WN / 8;   /* score tiles a warp */
+  static constexpr int NO = TR ? HDV / 16 : HDV / 8; /* output tiles a warp */
   static constexpr int LDQ = HD + 8, LDO = HDV + 4;
   static constexpr bool CONV = KVT == 3;
   static constexpr int KB = CONV ? 1 : 2;
@@ -270,7 +311,7 @@ struct fa2__cfg {
    * there the 32 registers they take, under the kind's 168-register cap, cost more than an
    * ldmatrix of Q a block (bs 64 x 4096 -8%, with the swizzle below; docs/perf.md, session 17).
    * fp8's fragments are converted as they load, so they stay. */
-  static constexpr bool QREG = HD <= 128 && (!EARLY || ALL_EARLY || CONV);
+  static constexpr bool QREG = HD <= 128 && (TR || !EARLY || ALL_EARLY || CONV);
   /* K and V tile rows: unpadded and swizzled where a row is whole 128-byte lines (fa2__at),
    * else padded by 16 bytes so that ldmatrix's eight rows hit distinct banks. */
   static constexpr bool SWON = NW > 1 && !CONV; /* the decode kinds with 16-bit KV (measured there) */
@@ -280,19 +321,19 @@ struct fa2__cfg {
   static constexpr int KV_BYTES = ST * TILE_BYTES;
   static constexpr int EPI_BYTES = NW * BM * (LDO + 2) * 4;
   static constexpr int SMEM = Q_BYTES + RS_BYTES + (KV_BYTES > EPI_BYTES ? KV_BYTES : EPI_BYTES);
-  static_assert(WN % 16 == 0 && HD % 16 == 0 && HDV % 16 == 0 && BN <= NT, "tile shape");
+  static_assert(WN % 16 == 0 && HD % 16 == 0 && HDV % 16 == 0 && BN <= NT && (TR || ROWS % 16 == 0), "tile shape");
   static_assert(!CONV || (HD % 32 == 0 && HDV % 32 == 0), "fp8 fragments cover 32 dims");
 };
 
-template <int HD, int HDV, int MW, int NW, int BN, int ST, typename TQ, int KVT>
+template <int HD, int HDV, int ROWS, int NW, int BN, int ST, typename TQ, int KVT>
 __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry &e, int causal,
                                           bool tree, uint32_t hbase, uint32_t G, uint32_t R0,
                                           uint32_t sp, bool split, bool early, char *smem) {
-  using C = fa2__cfg<HD, HDV, MW, NW, BN, ST, TQ, KVT>;
+  using C = fa2__cfg<HD, HDV, ROWS, NW, BN, ST, TQ, KVT>;
   using T = typename C::T;
   const fattn__layer_params &l = a.l;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int wm = warp % MW, wn = warp / MW, g = lane >> 2, c4 = lane & 3;
+  const int wm = warp % C::MW, wn = warp / C::MW, g = lane >> 2, c4 = lane & 3;
   const uint32_t total = e.q_len * G, kvh = hbase / (l.num_q_heads / l.num_kv_heads);
   const uint32_t Rend = min(R0 + (uint32_t)C::BM, total);
   T *Qs = (T *)smem;
@@ -358,20 +399,21 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
     }
   };
 
-  /* Per-thread rows: wm * 16 + g and + 8; their queries for masking. */
+  /* Per-thread rows: wm * 16 + g and + 8 (transposed: 2 c4 and 2 c4 + 1); their queries for
+   * masking. */
   uint32_t qp[2];
   const uint64_t *mr[2];
 #pragma unroll
   for (int h = 0; h < 2; h++) {
-    uint32_t R = min(R0 + wm * 16 + g + h * 8, total - 1);
+    uint32_t R = min(R0 + (C::TR ? 2 * c4 + h : wm * 16 + g + h * 8), total - 1);
     uint32_t t = R / G;
     qp[h] = prefix + t;
     mr[h] = tree ? a.s.mask + e.mask_row + t : nullptr;
   }
 
-  float o[HDV / 8][4];
+  float o[C::NO][4];
 #pragma unroll
-  for (int i = 0; i < HDV / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  for (int i = 0; i < C::NO; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, ls[2] = {0.f, 0.f};
 
   /* An early block looks up its first pages and copies the rows earlier steps wrote before its
@@ -409,23 +451,21 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
 #pragma unroll
     for (int s = 0; s < ST - 1; s++) load(s);
   }
-  uint32_t qf[C::QREG ? HD / 16 : 1][4];
+  uint32_t qf[C::QREG ? HD / 16 : 1][C::TR ? 2 : 4];
   /* Q fragment of 16-dim step ks for this warp's rows. With fp8 KV the dims are permuted to
-   * match the raw-byte K fragments (a thread holds dims 4c..4c+3), and bf16 Q narrows to fp16. */
+   * match the raw-byte K fragments (a thread holds dims 4c..4c+3), and bf16 Q narrows to fp16.
+   * Transposed, Q^T is the B operand: row g, dims 2 c4, 2 c4 + 1 and 8 on (fp8: 4 c4 .. + 3). */
   auto qfrag = [&](uint32_t *A, int ks) {
-    if constexpr (C::CONV) {
+    if constexpr (C::TR) {
+      const TQ *q0 = (const TQ *)smem + g * C::LDQ + ks * 16 + (C::CONV ? 4 * c4 : 2 * c4);
+      const TQ *src[2] = {q0, q0 + (C::CONV ? 2 : 8)};
+#pragma unroll
+      for (int k = 0; k < 2; k++) A[k] = fa2__to_mma<T, TQ>(*(const uint32_t *)src[k]);
+    } else if constexpr (C::CONV) {
       const TQ *q0 = (const TQ *)smem + (wm * 16 + g) * C::LDQ + ks * 16 + 4 * c4;
       const TQ *src[4] = {q0, q0 + 8 * C::LDQ, q0 + 2, q0 + 8 * C::LDQ + 2};
 #pragma unroll
-      for (int k = 0; k < 4; k++) {
-        uint32_t w = *(const uint32_t *)src[k];
-        if constexpr (std::is_same<TQ, __half>::value) {
-          A[k] = w;
-        } else {
-          __nv_bfloat162 b = *(__nv_bfloat162 *)&w;
-          A[k] = fa2__pack<__half>(__low2float(b), __high2float(b));
-        }
-      }
+      for (int k = 0; k < 4; k++) A[k] = fa2__to_mma<T, TQ>(*(const uint32_t *)src[k]);
     } else {
       fa2__ldm4(A, Qs + (wm * 16 + (lane & 15)) * C::LDQ + ks * 16 + (lane >> 4) * 8);
     }
@@ -446,10 +486,36 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
       }
     }
 
-    float sc[C::WN / 8][4];
+    /* Scores: sc[nt][k] is slot nt * 8 + 2 c4 + (k & 1) of row k >> 1 (transposed: slot
+     * nt * 16 + g + 8 (k >> 1) of row k & 1), of this warp's WN slots. */
+    float sc[C::NS][4];
 #pragma unroll
-    for (int i = 0; i < C::WN / 8; i++) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.f;
-    if constexpr (C::CONV) {
+    for (int i = 0; i < C::NS; i++) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.f;
+    if constexpr (C::TR) {
+      /* K as the A operand, 16 slots a tile: the ldmatrix of scores below gives a thread slots
+       * g and g + 8 of a 16-byte chunk (fp8: of 16 dims, which qfrag's order matches). */
+#pragma unroll
+      for (int ks = 0; ks < HD / 16; ks += 3 - C::KB) { /* 16-bit: one 16-dim step an ldmatrix; fp8: two */
+#pragma unroll
+        for (int mt = 0; mt < C::NS; mt++) {
+          uint32_t R[4];
+          fa2__ldm4(R, Kt + fa2__at<C::KROW, C::SWK>(wn * C::WN + mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                                     ks * C::KB + (lane >> 4)));
+          if constexpr (C::CONV) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+              const uint32_t A[4] = {fa2__e4m3x2<T>((uint16_t)(R[2 * h] & 0xffffu)),
+                                     fa2__e4m3x2<T>((uint16_t)(R[2 * h + 1] & 0xffffu)),
+                                     fa2__e4m3x2<T>((uint16_t)(R[2 * h] >> 16)),
+                                     fa2__e4m3x2<T>((uint16_t)(R[2 * h + 1] >> 16))};
+              fa2__mma<T>(sc[mt], A, qf[ks + h]);
+            }
+          } else {
+            fa2__mma<T>(sc[mt], R, qf[ks]);
+          }
+        }
+      }
+    } else if constexpr (C::CONV) {
       /* One ldmatrix of raw bytes holds two 16-dim steps of two 8-slot tiles: a thread gets dims
        * 4c..4c+3, which qfrag's permuted Q fragments match. */
 #pragma unroll
@@ -494,27 +560,29 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
     /* full: no mask; cut: every row sees the block's slots below ke, so only the range end is
      * masked (the short splits of a bs 1 step end inside a block) */
     const bool full = j0 >= lo_f && j0 + BN <= hif, cut = j0 >= lo_f && ke <= hif;
+    /* the thread's row of score k (0 or 1) */
+    auto row_of = [](int k) { return C::TR ? k & 1 : k >> 1; };
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int nt = 0; nt < C::WN / 8; nt++) {
+    for (int nt = 0; nt < C::NS; nt++) {
 #pragma unroll
       for (int k = 0; k < 4; k++) {
         float x = sc[nt][k];
         if (l.softcap > 0.f) x = l.softcap * tanhf(x * a.cap_scale / l.softcap) * FA2__LOG2E;
         else x *= a.sl2;
         if (!full) {
-          uint32_t j = j0 + wn * C::WN + nt * 8 + 2 * c4 + (k & 1);
-          int h = k >> 1;
+          const uint32_t j = j0 + wn * C::WN + (C::TR ? nt * 16 + g + (k >> 1) * 8 : nt * 8 + 2 * c4 + (k & 1));
+          const int h = row_of(k);
           if (!(j < ke && (cut || fa2__vis(l, causal, tree, mr[h], prefix, qp[h], j)))) x = -INFINITY;
         }
         sc[nt][k] = x;
-        mx[k >> 1] = fmaxf(mx[k >> 1], x);
+        mx[row_of(k)] = fmaxf(mx[row_of(k)], x);
       }
     }
     float ms[2], al[2];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-      float mn = fmaxf(m[h], fa2__qmax(mx[h]));
+      float mn = fmaxf(m[h], C::TR ? fa2__slot_max(mx[h]) : fa2__qmax(mx[h]));
       ms[h] = mn == -INFINITY ? 0.f : mn;
       al[h] = fa2__exp2(m[h] - ms[h]);
       m[h] = mn;
@@ -523,53 +591,86 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
     /* Once the running max settles, most blocks leave it unchanged: skip the rescale then. */
     if (__any_sync(0xffffffffu, al[0] != 1.f || al[1] != 1.f)) {
 #pragma unroll
-      for (int i = 0; i < HDV / 8; i++) {
-        o[i][0] *= al[0]; o[i][1] *= al[0]; o[i][2] *= al[1]; o[i][3] *= al[1];
-      }
+      for (int i = 0; i < C::NO; i++)
+#pragma unroll
+        for (int k = 0; k < 4; k++) o[i][k] *= al[row_of(k)];
     }
 #pragma unroll
-    for (int nt = 0; nt < C::WN / 8; nt++) {
+    for (int nt = 0; nt < C::NS; nt++) {
 #pragma unroll
       for (int k = 0; k < 4; k++) {
-        float p = fa2__exp2(sc[nt][k] - ms[k >> 1]);
+        float p = fa2__exp2(sc[nt][k] - ms[row_of(k)]);
         sc[nt][k] = p;
-        ls[k >> 1] += p;
+        ls[row_of(k)] += p;
       }
     }
+    if constexpr (C::TR) {
+      /* O^T += V^T P^T a 16-slot tile: P^T, the B operand, is the scores' tile transposed (slots
+       * 2 c4, 2 c4 + 1 and 8 on of row g); V^T, the A operand, a transposed ldmatrix of V. */
 #pragma unroll
-    for (int kk = 0; kk < C::WN / 16; kk++) {
-      uint32_t A[4] = {fa2__pack<T>(sc[2 * kk][0], sc[2 * kk][1]), fa2__pack<T>(sc[2 * kk][2], sc[2 * kk][3]),
-                       fa2__pack<T>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                       fa2__pack<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
-      if constexpr (C::CONV) {
-        /* A transposed ldmatrix of raw bytes gives each thread slots 2c, 2c+1 of dims 2g, 2g+1;
-         * byte permutes split them into an even-dim and an odd-dim fragment, so o[4 * dq + t]
-         * holds dims 32 dq + 16 (t >> 1) + 2 n + (t & 1) (the epilogue undoes the order). */
+      for (int mt = 0; mt < C::NS; mt++) {
+        const uint32_t B[2] = {fa2__transpose8(fa2__pack<T>(sc[mt][0], sc[mt][1])),
+                               fa2__transpose8(fa2__pack<T>(sc[mt][2], sc[mt][3]))};
 #pragma unroll
-        for (int dq = 0; dq < HDV / 32; dq++) {
+        for (int dp = 0; dp < HDV / 16; dp += 3 - C::KB) {
           uint32_t R[4];
-          fa2__ldm4t(R, Vt + fa2__at<C::VROW, C::SWV>(wn * C::WN + kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
-                                                      2 * dq + (lane >> 4)));
+          fa2__ldm4t(R, Vt + fa2__at<C::VROW, C::SWV>(wn * C::WN + mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                                      dp * C::KB + (lane >> 4)));
+          if constexpr (C::CONV) {
+            /* A thread gets slots 2 c4, 2 c4 + 1 of dims 2g, 2g + 1 (and 16 on): byte permutes
+             * split them into an even-dim and an odd-dim tile, so o[dp + t] holds dims
+             * dp * 16 + 2g + t and 16 on (the epilogue undoes the order). */
 #pragma unroll
-          for (int hh = 0; hh < 2; hh++) {
-            uint32_t Be[2], Bo[2];
-#pragma unroll
-            for (int q = 0; q < 2; q++) {
-              Be[q] = fa2__e4m3x2<T>((uint16_t)__byte_perm(R[2 * hh + q], 0u, 0x0020u));
-              Bo[q] = fa2__e4m3x2<T>((uint16_t)__byte_perm(R[2 * hh + q], 0u, 0x0031u));
+            for (int t = 0; t < 2; t++) {
+              const uint32_t sel = t ? 0x0031u : 0x0020u;
+              const uint32_t A[4] = {fa2__e4m3x2<T>((uint16_t)__byte_perm(R[0], 0u, sel)),
+                                     fa2__e4m3x2<T>((uint16_t)__byte_perm(R[2], 0u, sel)),
+                                     fa2__e4m3x2<T>((uint16_t)__byte_perm(R[1], 0u, sel)),
+                                     fa2__e4m3x2<T>((uint16_t)__byte_perm(R[3], 0u, sel))};
+              fa2__mma<T>(o[dp + t], A, B);
             }
-            fa2__mma<T>(o[4 * dq + 2 * hh], A, Be);
-            fa2__mma<T>(o[4 * dq + 2 * hh + 1], A, Bo);
+          } else {
+            const uint32_t A[4] = {R[0], R[2], R[1], R[3]};
+            fa2__mma<T>(o[dp], A, B);
           }
         }
-      } else {
+      }
+    } else {
 #pragma unroll
-        for (int dp = 0; dp < HDV / 16; dp++) {
-          uint32_t B[4];
-          fa2__ldm4t(B, Vt + fa2__at<C::VROW, C::SWV>(wn * C::WN + kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
-                                                      2 * dp + (lane >> 4)));
-          fa2__mma<T>(o[2 * dp], A, B);
-          fa2__mma<T>(o[2 * dp + 1], A, B + 2);
+      for (int kk = 0; kk < C::WN / 16; kk++) {
+        uint32_t A[4] = {fa2__pack<T>(sc[2 * kk][0], sc[2 * kk][1]), fa2__pack<T>(sc[2 * kk][2], sc[2 * kk][3]),
+                         fa2__pack<T>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                         fa2__pack<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+        if constexpr (C::CONV) {
+          /* A transposed ldmatrix of raw bytes gives each thread slots 2c, 2c+1 of dims 2g, 2g+1;
+           * byte permutes split them into an even-dim and an odd-dim fragment, so o[4 * dq + t]
+           * holds dims 32 dq + 16 (t >> 1) + 2 n + (t & 1) (the epilogue undoes the order). */
+#pragma unroll
+          for (int dq = 0; dq < HDV / 32; dq++) {
+            uint32_t R[4];
+            fa2__ldm4t(R, Vt + fa2__at<C::VROW, C::SWV>(wn * C::WN + kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                                        2 * dq + (lane >> 4)));
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+              uint32_t Be[2], Bo[2];
+#pragma unroll
+              for (int q = 0; q < 2; q++) {
+                Be[q] = fa2__e4m3x2<T>((uint16_t)__byte_perm(R[2 * hh + q], 0u, 0x0020u));
+                Bo[q] = fa2__e4m3x2<T>((uint16_t)__byte_perm(R[2 * hh + q], 0u, 0x0031u));
+              }
+              fa2__mma<T>(o[4 * dq + 2 * hh], A, Be);
+              fa2__mma<T>(o[4 * dq + 2 * hh + 1], A, Bo);
+            }
+          }
+        } else {
+#pragma unroll
+          for (int dp = 0; dp < HDV / 16; dp++) {
+            uint32_t B[4];
+            fa2__ldm4t(B, Vt + fa2__at<C::VROW, C::SWV>(wn * C::WN + kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                                        2 * dp + (lane >> 4)));
+            fa2__mma<T>(o[2 * dp], A, B);
+            fa2__mma<T>(o[2 * dp + 1], A, B + 2);
+          }
         }
       }
     }
@@ -582,11 +683,18 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
   float *eo = (float *)kv, *em = eo + NW * C::BM * C::LDO, *el = em + NW * C::BM;
 #pragma unroll
   for (int h = 0; h < 2; h++) {
-    int row = wm * 16 + g + h * 8;
-    float lt = fa2__qsum(ls[h]);
-    if (c4 == 0) { em[wn * C::BM + row] = m[h]; el[wn * C::BM + row] = lt; }
+    const int row = C::TR ? 2 * c4 + h : wm * 16 + g + h * 8;
+    const float lt = C::TR ? fa2__slot_sum(ls[h]) : fa2__qsum(ls[h]);
+    if ((C::TR ? g : c4) == 0) { em[wn * C::BM + row] = m[h]; el[wn * C::BM + row] = lt; }
     float *d = eo + (wn * C::BM + row) * C::LDO;
-    if constexpr (C::CONV) {
+    if constexpr (C::TR) {
+#pragma unroll
+      for (int i = 0; i < C::NO; i++) {
+        const int dim = C::CONV ? (i & ~1) * 16 + 2 * g + (i & 1) : i * 16 + g;
+        d[dim] = o[i][h];
+        d[dim + (C::CONV ? 16 : 8)] = o[i][2 + h];
+      }
+    } else if constexpr (C::CONV) {
 #pragma unroll
       for (int i = 0; i < HDV / 16; i++)
         *(float4 *)(d + i * 16 + 4 * c4) = make_float4(o[2 * i][2 * h], o[2 * i + 1][2 * h], o[2 * i][2 * h + 1],
@@ -639,9 +747,11 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
   __syncthreads();
 }
 
-template <int HD, int HDV, int MW, int NW, int BN, int ST, typename T, int KVT>
-__global__ void __launch_bounds__(MW * NW * 32, MW == 1 && NW > 1 && HD <= 128 ? (ST == FA2_DEEP_ST ? 2 : FA2_DEC_MINB) : 1) fa2__attn(const fa2__args a) {
-  using C = fa2__cfg<HD, HDV, MW, NW, BN, ST, T, KVT>;
+template <int HD, int HDV, int ROWS, int NW, int BN, int ST, typename T, int KVT>
+__global__ void __launch_bounds__(fa2__cfg<HD, HDV, ROWS, NW, BN, ST, T, KVT>::NT,
+                                  ROWS <= 16 && NW > 1 && HD <= 128 ? (ST == FA2_DEEP_ST ? 2 : FA2_DEC_MINB) : 1)
+    fa2__attn(const fa2__args a) {
+  using C = fa2__cfg<HD, HDV, ROWS, NW, BN, ST, T, KVT>;
   const uint32_t linear = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
   const bool early = C::ALL_EARLY || (C::EARLY && linear < C::RESIDENT * a.num_sms);
   if (!early) fattn__pdl_wait();
@@ -653,7 +763,7 @@ __global__ void __launch_bounds__(MW * NW * 32, MW == 1 && NW > 1 && HD <= 128 ?
   const int causal = (int)ld(&hdr->causal);
   const uint32_t G = a.l.num_q_heads / a.l.num_kv_heads;
   if constexpr (NW > 1) { /* decode kinds: GQA-packed row tiles of BM rows */
-    constexpr uint32_t BM = MW * 16;
+    constexpr uint32_t BM = C::BM;
     const uint32_t ei = blockIdx.x / a.l.num_kv_heads, kvh = blockIdx.x % a.l.num_kv_heads;
     fattn__entry e;
     /* an early block loads its entry with the header: the slot exists whatever n is */
@@ -664,7 +774,7 @@ __global__ void __launch_bounds__(MW * NW * 32, MW == 1 && NW > 1 && HD <= 128 ?
       const uint32_t ntile = (e.q_len * G + BM - 1u) / BM, nsp = e.num_splits > 1u ? e.num_splits : 1u;
       for (uint32_t rt = blockIdx.z; rt < ntile; rt += gridDim.z)
         for (uint32_t sp = blockIdx.y; sp < nsp; sp += gridDim.y)
-          fa2__work<HD, HDV, MW, NW, BN, ST, T, KVT>(a, e, causal, tree, kvh * G, G, rt * BM, sp,
+          fa2__work<HD, HDV, ROWS, NW, BN, ST, T, KVT>(a, e, causal, tree, kvh * G, G, rt * BM, sp,
                                                      nsp > 1u, early, smem);
     }
     /* Early blocks with work waited in fa2__work. Of those without, only block 0 waits, which
@@ -675,15 +785,15 @@ __global__ void __launch_bounds__(MW * NW * 32, MW == 1 && NW > 1 && HD <= 128 ?
     if (b >= hdr->num_tiles || n == 0u) return;
     const fattn__entry e = a.s.entries[fa2__find(a.s.entries, n, b)];
     const bool tree = hdr->mode == 3u && e.mask_row != UINT32_MAX && a.s.mask;
-    fa2__work<HD, HDV, MW, NW, BN, ST, T, KVT>(a, e, causal, tree, blockIdx.y, 1u,
-                                               (b - e.tile_start) * (uint32_t)(MW * 16), 0u, false, false, smem);
+    fa2__work<HD, HDV, ROWS, NW, BN, ST, T, KVT>(a, e, causal, tree, blockIdx.y, 1u,
+                                                 (b - e.tile_start) * (uint32_t)C::BM, 0u, false, false, smem);
   }
 }
 
-template <int HD, int HDV, int MW, int NW, int BN, int ST, typename T, int KVT>
+template <int HD, int HDV, int ROWS, int NW, int BN, int ST, typename T, int KVT>
 static int fa2__go(const fa2__args *a, dim3 grid, cudaStream_t st) {
-  using C = fa2__cfg<HD, HDV, MW, NW, BN, ST, T, KVT>;
-  auto k = fa2__attn<HD, HDV, MW, NW, BN, ST, T, KVT>;
+  using C = fa2__cfg<HD, HDV, ROWS, NW, BN, ST, T, KVT>;
+  auto k = fa2__attn<HD, HDV, ROWS, NW, BN, ST, T, KVT>;
   static int attr_set; /* benign race: idempotent */
   if (!attr_set) {
     cudaError_t err = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
@@ -693,35 +803,35 @@ static int fa2__go(const fa2__args *a, dim3 grid, cudaStream_t st) {
   return (int)fattn__launch(k, grid, dim3(C::NT), C::SMEM, st, *a);
 }
 
-/* The kernels of one head-dim pair: {decode, prefill, and wide decode for head dims up to
- * 128} x {bf16, fp16} x {same, fp8}. */
+/* One tile shape's kernels for the step's Q and KV types (F8: with an fp8 KV instance). */
+template <int HD, int HDV, int ROWS, int NW, int BN, int ST, bool F8>
+static int fa2__go_types(const fa2__args *a, dim3 grid, cudaStream_t st) {
+  const bool bf = a->l.q_dtype == 1u;
+  if constexpr (F8) {
+    if (a->l.kv_dtype == 3u)
+      return bf ? fa2__go<HD, HDV, ROWS, NW, BN, ST, __nv_bfloat16, 3>(a, grid, st)
+                : fa2__go<HD, HDV, ROWS, NW, BN, ST, __half, 3>(a, grid, st);
+  }
+  return bf ? fa2__go<HD, HDV, ROWS, NW, BN, ST, __nv_bfloat16, 1>(a, grid, st)
+            : fa2__go<HD, HDV, ROWS, NW, BN, ST, __half, 2>(a, grid, st);
+}
+
+/* The kernels of one head-dim pair: {decode (16 or, transposed, 8 rows; deep or not), prefill,
+ * and wide decode for head dims up to 128} x {bf16, fp16} x {same, fp8}. */
 template <int HD, int HDV>
 static int fa2__launch(const fa2__args *a, int kind, dim3 grid, cudaStream_t st) {
   constexpr int DST = HD <= 128 ? FA2_DEC_ST : 2, PBN = HD <= 128 ? 64 : 32, DNW = FA2_DEC_NW, DBN = FA2_DEC_BN;
-  constexpr int WNW = FA2_WIDE_NW, WBN = FA2_WIDE_BN, WST = FA2_WIDE_ST;
-  const bool bf = a->l.q_dtype == 1u, f8 = a->l.kv_dtype == 3u;
+  const bool f8 = a->l.kv_dtype == 3u, narrow = (kind & FA2__NARROW) != 0;
+  kind &= ~FA2__NARROW;
   if constexpr (HD <= 128) {
-    if (kind == FA2__KIND_DEEP && !f8) {
-      if (bf) return fa2__go<HD, HDV, 1, DNW, DBN, FA2_DEEP_ST, __nv_bfloat16, 1>(a, grid, st);
-      return fa2__go<HD, HDV, 1, DNW, DBN, FA2_DEEP_ST, __half, 2>(a, grid, st);
-    }
-    if (kind == FA2__KIND_WIDE) {
-      if (bf) return f8 ? fa2__go<HD, HDV, 2, WNW, WBN, WST, __nv_bfloat16, 3>(a, grid, st)
-                        : fa2__go<HD, HDV, 2, WNW, WBN, WST, __nv_bfloat16, 1>(a, grid, st);
-      return f8 ? fa2__go<HD, HDV, 2, WNW, WBN, WST, __half, 3>(a, grid, st)
-                : fa2__go<HD, HDV, 2, WNW, WBN, WST, __half, 2>(a, grid, st);
-    }
+    if (kind == FA2__KIND_DEEP && !f8)
+      return narrow ? fa2__go_types<HD, HDV, 8, DNW, DBN, FA2_DEEP_ST, false>(a, grid, st)
+                    : fa2__go_types<HD, HDV, 16, DNW, DBN, FA2_DEEP_ST, false>(a, grid, st);
+    if (kind == FA2__KIND_WIDE) return fa2__go_types<HD, HDV, 32, FA2_WIDE_NW, FA2_WIDE_BN, FA2_WIDE_ST, true>(a, grid, st);
+    if (kind != FA2__KIND_PREFILL && narrow) return fa2__go_types<HD, HDV, 8, DNW, DBN, DST, true>(a, grid, st);
   }
-  if (kind != FA2__KIND_PREFILL) {
-    if (bf) return f8 ? fa2__go<HD, HDV, 1, DNW, DBN, DST, __nv_bfloat16, 3>(a, grid, st)
-                      : fa2__go<HD, HDV, 1, DNW, DBN, DST, __nv_bfloat16, 1>(a, grid, st);
-    return f8 ? fa2__go<HD, HDV, 1, DNW, DBN, DST, __half, 3>(a, grid, st)
-              : fa2__go<HD, HDV, 1, DNW, DBN, DST, __half, 2>(a, grid, st);
-  }
-  if (bf) return f8 ? fa2__go<HD, HDV, 4, 1, PBN, 2, __nv_bfloat16, 3>(a, grid, st)
-                    : fa2__go<HD, HDV, 4, 1, PBN, 2, __nv_bfloat16, 1>(a, grid, st);
-  return f8 ? fa2__go<HD, HDV, 4, 1, PBN, 2, __half, 3>(a, grid, st)
-            : fa2__go<HD, HDV, 4, 1, PBN, 2, __half, 2>(a, grid, st);
+  if (kind != FA2__KIND_PREFILL) return fa2__go_types<HD, HDV, 16, DNW, DBN, DST, true>(a, grid, st);
+  return fa2__go_types<HD, HDV, 64, 1, PBN, 2, true>(a, grid, st);
 }
 
 #endif /* __CUDACC__ */

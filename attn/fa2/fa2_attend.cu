@@ -122,7 +122,7 @@ extern "C" int fattn__fa2_attend(fattn__layer_params l, fattn__step_params s, co
   const uint32_t G = l.num_q_heads / l.num_kv_heads;
   const int decode = fattn__decode_kind(&l, &s);
   dim3 grid;
-  int wide = 0;
+  int wide = 0, narrow = 0;
   /* query tokens an entry, rounded up: every entry's q_len in the decode modes; the longer
    * entries of extend-like steps that take the decode kind are looped over by the kernels */
   const uint32_t qpe = (s.cap_q_tokens + s.cap_entries - 1u) / s.cap_entries;
@@ -131,7 +131,8 @@ extern "C" int fattn__fa2_attend(fattn__layer_params l, fattn__step_params s, co
     /* 32-row tiles change the column split and so the rounding; qpe is the same in a graph as
      * in its eager step for every mode that gets here (DRAFT_EXTEND does not), so replay stays exact. */
     wide = qpe * G > 16u && l.head_dim <= 128u;
-    const uint32_t rows_per_cta = wide ? 32u : 16u;
+    narrow = qpe * G <= 8u && l.head_dim <= 128u; /* transposed 8-row tiles */
+    const uint32_t rows_per_cta = wide ? 32u : narrow ? 8u : 16u;
     /* twice the policy's target: graph padding may leave fewer live entries than cap_entries */
     const uint32_t want = 2u * FATTN__CTAS_PER_SM * (uint32_t)fa2__sm_count();
     /* no entry gets more than max_splits (>= 1) splits: blocks past it would only exit */
@@ -143,7 +144,8 @@ extern "C" int fattn__fa2_attend(fattn__layer_params l, fattn__step_params s, co
   }
   /* the deep kind where the whole grid fits in under a wave at 2 blocks an SM */
   const int deep = decode && !wide && grid.x * grid.y * grid.z <= 2u * (uint32_t)fa2__sm_count();
-  const int kind = !decode ? FA2__KIND_PREFILL : wide ? FA2__KIND_WIDE : deep ? FA2__KIND_DEEP : FA2__KIND_DECODE;
+  const int kind = (!decode ? FA2__KIND_PREFILL : wide ? FA2__KIND_WIDE : deep ? FA2__KIND_DEEP : FA2__KIND_DECODE) |
+                   (narrow ? FA2__NARROW : 0);
   int err;
   switch (l.head_dim) {
     case 64u: err = fa2__launch_hd64(&a, kind, grid, st); break;
