@@ -38,9 +38,11 @@
 #ifndef FATTN__CTAS_PER_SM
 #define FATTN__CTAS_PER_SM 8u
 #endif
-/* Blocks an SM of fa2's 2-stage decode kind (FA2_DEC_MINB defaults to it), the wave the split
- * rule of one-query decode steps rounds to. */
+/* Blocks an SM of fa2's 2-stage decode kinds (FA2_DEC_MINB, FA2_DEC_MINB_F8 default to them),
+ * the wave the split rule of one-query decode steps rounds to: fp8 KV's 8-row kind holds 4
+ * (fewer registers, half the bytes a slot: +10% at bs 64-128 over 3; docs/perf.md, session 18). */
 #define FATTN__DECODE_RESIDENT 3u
+#define FATTN__DECODE_RESIDENT_F8 4u
 /* The wave rule adds splits only where each stays this long: shorter ones pay more in block
  * starts and the combine than the rounds save (bs 128 and 256 at context 512: 6.5-8% slower
  * steps with splits of 256; docs/perf.md, session 17). */
@@ -79,7 +81,7 @@ typedef struct fattn__step_hdr {
   uint32_t num_page_copies; /* copy-on-write copies in this slot */
   uint32_t num_mask_rows;
   uint32_t num_live;      /* entries before graph padding (0: all); the split policy counts these */
-  uint32_t reserved;
+  uint32_t decode_resident; /* blocks an SM of the one-query decode kind (fattn__decode_resident) */
 } fattn__step_hdr;
 
 /* Page-table update: row[index .. index + count) = the next count words of the payload. */
@@ -95,6 +97,12 @@ typedef struct fattn__page_copy {
   uint32_t src;
   uint32_t dst;
 } fattn__page_copy;
+
+/* Blocks an SM of the kind that runs one-query decode steps of a layer shape: fa2's 8-row tiles
+ * (group = q heads a kv head <= 8, head dims <= 128) at fp8 KV, or any other 2-stage kind. */
+FATTN__HD uint32_t fattn__decode_resident(int kv_fp8, uint32_t head_dim, uint32_t group) {
+  return kv_fp8 && head_dim <= 128u && group <= 8u ? FATTN__DECODE_RESIDENT_F8 : FATTN__DECODE_RESIDENT;
+}
 
 /* Never overflows: q_len may come close to UINT32_MAX in a rejected batch's arithmetic. */
 FATTN__HD uint32_t fattn__ceil_div(uint32_t a, uint32_t b) { return a / b + (a % b != 0u); }
@@ -135,7 +143,7 @@ FATTN__HD uint32_t fattn__splits_for(const fattn__step_hdr *h, uint32_t kv_len, 
   /* Steps of one-query entries that fill a wave of the decode kind: equal blocks run in
    * rounds, so fattn__wave_splits picks the count, taken where it is no more than the target's
    * or its splits stay long (docs/perf.md, session 17). */
-  const uint32_t wave = FATTN__DECODE_RESIDENT * (h->target_ctas / FATTN__CTAS_PER_SM);
+  const uint32_t wave = h->decode_resident * (h->target_ctas / FATTN__CTAS_PER_SM);
   if (q_len == 1u && wave && (uint64_t)per_entry * (n ? n : 1u) >= wave) {
     uint32_t hi = fattn__ceil_div(2u * h->target_ctas, per_entry);
     if (hi > by_len) hi = by_len;

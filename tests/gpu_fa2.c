@@ -264,6 +264,7 @@ static double run_case(const cfg *c, int route, int *ok) {
   h.split_rows_cap = MAX_SPLITS * FATTN__SPLIT_ROWS_PER_SPLIT;
   h.target_ctas = TARGET_CTAS;
   h.num_kv_heads = c->kvh;
+  h.decode_resident = fattn__decode_resident(c->kt == F8, c->d, c->qh / c->kvh);
   h.causal = c->mode != FATTN_MODE_CROSS;
   h.num_mask_rows = nmask;
   fattn__prep(&h, e);

@@ -643,7 +643,8 @@ END_TEST
  * SMs at the default target (the shapes docs/perf.md's session 17 measured). */
 static uint32_t splits_of(uint32_t mode, uint32_t entries, uint32_t q_len, uint32_t kv_len) {
   fattn__step_hdr h = {.mode = mode, .num_entries = entries, .max_splits = 32,
-                       .target_ctas = FATTN__CTAS_PER_SM * 132u, .num_kv_heads = 8};
+                       .target_ctas = FATTN__CTAS_PER_SM * 132u, .num_kv_heads = 8,
+                       .decode_resident = fattn__decode_resident(0, 128, 4)};
   fattn__entry x = {.q_len = q_len, .kv_len = kv_len};
   fattn__split_of(&h, &x);
   return x.num_splits;

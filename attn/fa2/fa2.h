@@ -252,6 +252,10 @@ __device__ __forceinline__ void fa2__rows(char *dst, const char *src, size_t str
 #ifndef FA2_DEC_MINB
 #define FA2_DEC_MINB FATTN__DECODE_RESIDENT /* the split rule's wave (attn/meta.h) */
 #endif
+/* fp8 KV's 8-row kind: 4 blocks an SM (128 registers; its 16-bit twin lost 1-2% so). */
+#ifndef FA2_DEC_MINB_F8
+#define FA2_DEC_MINB_F8 FATTN__DECODE_RESIDENT_F8
+#endif
 /* With less than a wave of blocks nothing else hides a block's stalls, and a third stage (2
  * blocks an SM) measured +7-9% at bs 1 x 32768 where it lost 6-15% on full grids (perf.md,
  * decode round 3). */
@@ -306,7 +310,8 @@ struct fa2__cfg {
    * and read through L1 as before. */
   static constexpr bool EARLY = NW > 1 && MW == 1;
   static constexpr bool ALL_EARLY = EARLY && ST == FA2_DEEP_ST;
-  static constexpr uint32_t RESIDENT = HD <= 128 ? FA2_DEC_MINB : 1; /* as __launch_bounds__ */
+  /* blocks an SM of the 2-stage decode kinds, as __launch_bounds__ */
+  static constexpr uint32_t RESIDENT = HD > 128 ? 1 : TR && CONV ? FA2_DEC_MINB_F8 : FA2_DEC_MINB;
   /* Q fragments held in registers, except in the 2-stage 16-row decode kind with 16-bit KV:
    * there the 32 registers they take, under the kind's 168-register cap, cost more than an
    * ldmatrix of Q a block (bs 64 x 4096 -8%, with the swizzle below; docs/perf.md, session 17).
@@ -314,7 +319,8 @@ struct fa2__cfg {
   static constexpr bool QREG = HD <= 128 && (TR || !EARLY || ALL_EARLY || CONV);
   /* K and V tile rows: unpadded and swizzled where a row is whole 128-byte lines (fa2__at),
    * else padded by 16 bytes so that ldmatrix's eight rows hit distinct banks. */
-  static constexpr bool SWON = NW > 1 && !CONV; /* the decode kinds with 16-bit KV (measured there) */
+  /* the decode kinds, except fp8's 16-row ones (its padded rows measured best there) */
+  static constexpr bool SWON = NW > 1 && (!CONV || TR);
   static constexpr bool SWK = SWON && HD * KB % 128 == 0, SWV = SWON && HDV * KB % 128 == 0;
   static constexpr int KROW = HD * KB + (SWK ? 0 : 16), VROW = HDV * KB + (SWV ? 0 : 16);
   static constexpr int TILE_BYTES = BN * (KROW + VROW);
@@ -749,7 +755,9 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
 
 template <int HD, int HDV, int ROWS, int NW, int BN, int ST, typename T, int KVT>
 __global__ void __launch_bounds__(fa2__cfg<HD, HDV, ROWS, NW, BN, ST, T, KVT>::NT,
-                                  ROWS <= 16 && NW > 1 && HD <= 128 ? (ST == FA2_DEEP_ST ? 2 : FA2_DEC_MINB) : 1)
+                                  ROWS <= 16 && NW > 1 && HD <= 128
+                                      ? (ST == FA2_DEEP_ST ? 2 : fa2__cfg<HD, HDV, ROWS, NW, BN, ST, T, KVT>::RESIDENT)
+                                      : 1)
     fa2__attn(const fa2__args a) {
   using C = fa2__cfg<HD, HDV, ROWS, NW, BN, ST, T, KVT>;
   const uint32_t linear = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
