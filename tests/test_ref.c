@@ -641,13 +641,16 @@ END_TEST
 
 /* Splits of one entry of a step of `entries` equal entries, Llama-3.1-8B's 8 kv heads, on 132
  * SMs at the default target (the shapes docs/perf.md's session 17 measured). */
-static uint32_t splits_of(uint32_t mode, uint32_t entries, uint32_t q_len, uint32_t kv_len) {
+static uint32_t splits_kv(uint32_t mode, int kv_fp8, uint32_t entries, uint32_t q_len, uint32_t kv_len) {
   fattn__step_hdr h = {.mode = mode, .num_entries = entries, .max_splits = 32,
                        .target_ctas = FATTN__CTAS_PER_SM * 132u, .num_kv_heads = 8,
-                       .decode_resident = fattn__decode_resident(0, 128, 4)};
+                       .decode_resident = fattn__decode_resident(kv_fp8, 128, 4)};
   fattn__entry x = {.q_len = q_len, .kv_len = kv_len};
   fattn__split_of(&h, &x);
   return x.num_splits;
+}
+static uint32_t splits_of(uint32_t mode, uint32_t entries, uint32_t q_len, uint32_t kv_len) {
+  return splits_kv(mode, 0, entries, q_len, kv_len);
 }
 
 /* One-query decode steps that fill a wave of the decode kind take the split count whose
@@ -666,6 +669,12 @@ START_TEST(split_count_follows_waves) {
   ck_assert_uint_eq(splits_of(D, 1, 1, 32768), 32);  /* under a wave: the target's, at max_splits */
   ck_assert_uint_eq(splits_of(FATTN_MODE_TARGET_VERIFY, 128, 8, 8192), 2); /* 8 queries: the target's */
   ck_assert_uint_eq(splits_of(FATTN_MODE_PREFILL, 128, 1, 8192), 1);
+  /* fp8 KV's 8-row kind holds 4 blocks an SM: bs 64's 512 blocks are one wave of 528 */
+  ck_assert_uint_eq(fattn__decode_resident(1, 128, 4), 4);
+  ck_assert_uint_eq(fattn__decode_resident(1, 128, 32), 3); /* 16-row tiles */
+  ck_assert_uint_eq(splits_kv(D, 1, 64, 1, 4096), 1);
+  ck_assert_uint_eq(splits_kv(D, 1, 128, 1, 8192), 1);  /* 2 rounds whole ties 4 of halves: fewer */
+  ck_assert_uint_eq(splits_kv(D, 1, 16, 1, 1024), 4);
 }
 END_TEST
 
