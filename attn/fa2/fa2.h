@@ -239,7 +239,8 @@ __device__ __forceinline__ void fa2__rows(char *dst, const char *src, size_t str
  * two: decode is bound by the latency of each block's dependent steps, so more warps per SM
  * pay more than a deeper ring once a block takes longer than a DRAM round trip. The wide
  * (32-row) decode tile splits 64-slot blocks over two column warps, two stages deep (+5% on
- * verify against 32-slot blocks at four: half the steps in the same shared memory). */
+ * verify against 32-slot blocks at four: half the steps in the same shared memory), at three
+ * blocks an SM too (+13-15% on verify against one at 239 registers; session 18). */
 #ifndef FA2_DEC_NW
 #define FA2_DEC_NW 4
 #endif
@@ -270,6 +271,9 @@ __device__ __forceinline__ void fa2__rows(char *dst, const char *src, size_t str
 #endif
 #ifndef FA2_WIDE_ST
 #define FA2_WIDE_ST 2
+#endif
+#ifndef FA2_WIDE_MINB
+#define FA2_WIDE_MINB 3
 #endif
 
 /* ---- the attention kernel. One CTA computes BM query rows (16-row slabs, MW of them)
@@ -312,11 +316,12 @@ struct fa2__cfg {
   static constexpr bool ALL_EARLY = EARLY && ST == FA2_DEEP_ST;
   /* blocks an SM of the 2-stage decode kinds, as __launch_bounds__ */
   static constexpr uint32_t RESIDENT = HD > 128 ? 1 : TR && CONV ? FA2_DEC_MINB_F8 : FA2_DEC_MINB;
-  /* Q fragments held in registers, except in the 2-stage 16-row decode kind with 16-bit KV:
-   * there the 32 registers they take, under the kind's 168-register cap, cost more than an
-   * ldmatrix of Q a block (bs 64 x 4096 -8%, with the swizzle below; docs/perf.md, session 17).
-   * fp8's fragments are converted as they load, so they stay. */
-  static constexpr bool QREG = HD <= 128 && (TR || !EARLY || ALL_EARLY || CONV);
+  /* Q fragments held in registers, except in the 2-stage 16-row decode kind with 16-bit KV and
+   * the wide kind: there the 32 registers they take, under a 168-register cap, cost more than
+   * an ldmatrix of Q a block (bs 64 x 4096 -8%, with the swizzle below; docs/perf.md, session
+   * 17; verify -2%, session 18). fp8's 16-row fragments are converted as they load, so they
+   * stay. */
+  static constexpr bool QREG = HD <= 128 && (TR || (ROWS != 32 && (!EARLY || ALL_EARLY || CONV)));
   /* K and V tile rows: unpadded and swizzled where a row is whole 128-byte lines (fa2__at),
    * else padded by 16 bytes so that ldmatrix's eight rows hit distinct banks. */
   /* the decode kinds, except fp8's 16-row ones (its padded rows measured best there) */
@@ -757,7 +762,7 @@ template <int HD, int HDV, int ROWS, int NW, int BN, int ST, typename T, int KVT
 __global__ void __launch_bounds__(fa2__cfg<HD, HDV, ROWS, NW, BN, ST, T, KVT>::NT,
                                   ROWS <= 16 && NW > 1 && HD <= 128
                                       ? (ST == FA2_DEEP_ST ? 2 : fa2__cfg<HD, HDV, ROWS, NW, BN, ST, T, KVT>::RESIDENT)
-                                      : 1)
+                                      : ROWS == 32 ? FA2_WIDE_MINB : 1)
     fa2__attn(const fa2__args a) {
   using C = fa2__cfg<HD, HDV, ROWS, NW, BN, ST, T, KVT>;
   const uint32_t linear = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);

@@ -14,30 +14,41 @@ extern "C" int fattn__fa2_supports(const fattn__layer_params *l) {
   return dims && types && ps && heads && mla;
 }
 
-/* Splits of one row whose partial O loads are in flight together. */
-#define FA2__COMBINE_BATCH 16u
+/* Splits of a row whose partial O the combine holds in registers; rows of more splits land
+ * FA2__LAND_SPLITS at a time in shared memory, which, unlike registers, the kernel's other
+ * rows do not pay for: 16 float4 a lane in registers (144 a thread) held 3 blocks an SM, and
+ * verify's 16k rows of 3 splits took 22 us after the decode kernel (docs/perf.md, session 18). */
+#define FA2__FEW_SPLITS 4u
+#define FA2__LAND_SPLITS 16u
 
 /* Merges the split partials of query t of entry e for q head hq (one warp): one pass over the
- * LSEs, then the partial O rows FA2__COMBINE_BATCH at a time (the first batch issued with the
- * LSE pass), so that a row costs a few L2 round trips, not one a split. */
-template <typename T>
+ * LSEs, then the partial O rows B splits at a time (the first batch issued with the LSE pass),
+ * so that a row costs a few L2 round trips, not one a split. Past FA2__FEW_SPLITS the rows
+ * land in this warp's land ([FA2__LAND_SPLITS][32] float4, one a lane a split). */
+template <typename T, uint32_t B>
 __device__ __forceinline__ void fa2__merge_row(const fa2__args &a, const fattn__entry &e, uint32_t t, uint32_t hq,
-                                               uint32_t lane) {
+                                               uint32_t lane, float4 *land) {
+  constexpr bool LAND = B > FA2__FEW_SPLITS;
   const uint32_t qh = a.l.num_q_heads, dv = a.l.head_dim_v, ns = e.num_splits;
   const size_t base = (size_t)e.split_row + (size_t)t * ns;
   const float *lse = a.s.split_lse + base * qh + hq; /* split s at lse[s * qh] */
   const float *po = a.s.split_o + (base * qh + hq) * dv; /* split s at po[s * qh * dv] */
-  float x[FA2__COMBINE_BATCH];
-  float4 v[FA2__COMBINE_BATCH];
+  float x[LAND ? 1 : B];
+  float4 v[LAND ? 1 : B];
   /* Unconditional loads (past the last split, the last split again, weighted 0): guarded ones
    * were issued one after another, each waiting on the one before. */
   auto fetch = [&](uint32_t s0, uint32_t c) {
 #pragma unroll
-    for (uint32_t j = 0; j < FA2__COMBINE_BATCH; j++) {
+    for (uint32_t j = 0; j < B; j++) {
       const size_t sj = s0 + j < ns ? s0 + j : ns - 1u;
-      x[j] = lse[sj * qh];
-      v[j] = *(const float4 *)(po + sj * qh * dv + c);
+      if constexpr (LAND) {
+        fa2__cp16(land + j * 32u + lane, po + sj * qh * dv + c, 1);
+      } else {
+        x[j] = lse[sj * qh];
+        v[j] = *(const float4 *)(po + sj * qh * dv + c);
+      }
     }
+    if constexpr (LAND) fa2__commit();
   };
   const uint32_t c0 = lane * 4u; /* this lane's first 4 dims; lanes past dv have none */
   if (c0 < dv) fetch(0u, c0); /* in flight with the LSE pass: one round trip, not two */
@@ -53,6 +64,7 @@ __device__ __forceinline__ void fa2__merge_row(const fa2__args &a, const fattn__
   const size_t orow = (size_t)(e.q_start + t) * qh + hq;
   T *out = (T *)a.out + orow * dv;
   if (Mw == -INFINITY) {
+    if constexpr (LAND) fa2__wait<0>(); /* the next row lands where this one's copies go */
     for (uint32_t c = c0; c < dv; c += 128u)
       *(uint2 *)(out + c) = make_uint2(0u, 0u);
     if (a.lse && lane == 0u) a.lse[orow] = a.l.sinks ? a.l.sinks[hq] : -INFINITY;
@@ -65,12 +77,15 @@ __device__ __forceinline__ void fa2__merge_row(const fa2__args &a, const fattn__
   const float inv = a.o_mul / L;
   for (uint32_t c = c0; c < dv; c += 128u) {
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (uint32_t s0 = 0; s0 < ns; s0 += FA2__COMBINE_BATCH) {
+    for (uint32_t s0 = 0; s0 < ns; s0 += B) {
       if (s0 != 0u || c != c0) fetch(s0, c); /* the first batch of the first dims is in flight */
+      if constexpr (LAND) fa2__wait<0>(); /* a lane reads only what its own copies landed */
 #pragma unroll
-      for (uint32_t j = 0; j < FA2__COMBINE_BATCH; j++) {
-        const float wt = s0 + j < ns ? expf(x[j] - Mw) : 0.f;
-        acc.x += wt * v[j].x; acc.y += wt * v[j].y; acc.z += wt * v[j].z; acc.w += wt * v[j].w;
+      for (uint32_t j = 0; j < B; j++) {
+        /* landed rows' LSEs are read again here, from L1 (the LSE pass read them) */
+        const float wt = s0 + j < ns ? expf((LAND ? lse[(size_t)(s0 + j) * qh] : x[LAND ? 0 : j]) - Mw) : 0.f;
+        const float4 y = LAND ? land[j * 32u + lane] : v[LAND ? 0 : j];
+        acc.x += wt * y.x; acc.y += wt * y.y; acc.z += wt * y.z; acc.w += wt * y.w;
       }
     }
     *(uint2 *)(out + c) = make_uint2(fa2__pack<T>(acc.x * inv, acc.y * inv), fa2__pack<T>(acc.z * inv, acc.w * inv));
@@ -80,9 +95,10 @@ __device__ __forceinline__ void fa2__merge_row(const fa2__args &a, const fattn__
 
 /* One warp per (entry, query slot, q head), qpe query slots an entry: merges the split
  * partials of queries t = slot, slot + qpe, ... of split entries. The entry is indexed, not
- * searched, and read before the wait (attn/pdl.h), so that no chain of loads follows it. */
+ * searched, and read before the wait (attn/pdl.h), so that no chain of loads follows it.
+ * 7 blocks an SM, as many as the landing area allows (72 registers, no spill). */
 template <typename T>
-__global__ void __launch_bounds__(128) fa2__combine(const fa2__args a, uint32_t qpe) {
+__global__ void __launch_bounds__(128, 7) fa2__combine(const fa2__args a, uint32_t qpe) {
   /* The caller's next kernel may launch now: it waits for this grid, which ends only after the
    * decode kernel has. If it too releases before its wait, the next layer's store and decode
    * kernels start theirs early, and the decode prologue overlaps this merge. */
@@ -96,7 +112,11 @@ __global__ void __launch_bounds__(128) fa2__combine(const fa2__args a, uint32_t 
    * could release the caller's next kernel onto an output still being written. */
   fattn__pdl_wait_alone();
   if (!live || e.num_splits <= 1u) return;
-  for (uint32_t t = slot; t < e.q_len; t += qpe) fa2__merge_row<T>(a, e, t, hq, lane);
+  __shared__ float4 land[4][FA2__LAND_SPLITS * 32u]; /* [warp][split][lane]: 32 KiB */
+  for (uint32_t t = slot; t < e.q_len; t += qpe) {
+    if (e.num_splits <= FA2__FEW_SPLITS) fa2__merge_row<T, FA2__FEW_SPLITS>(a, e, t, hq, lane, nullptr);
+    else fa2__merge_row<T, FA2__LAND_SPLITS>(a, e, t, hq, lane, land[threadIdx.x >> 5]);
+  }
 }
 
 int fa2__sm_count(void) {
