@@ -1,5 +1,5 @@
-/* fa2.h: internals of the portable sm_80+ attention kernels: kernel arguments, device
- * helpers (cp.async, ldmatrix, mma.sync) and the one attention kernel template. */
+/* fa2.h: internals of the portable sm_80+ attention kernels: kernel arguments, tile shapes and
+ * the one attention kernel template with its launchers (device helpers: fa2_ops.h). */
 #ifndef FATTN_ATTN_FA2_FA2_H
 #define FATTN_ATTN_FA2_FA2_H
 
@@ -10,11 +10,8 @@
 #include <stdint.h>
 
 #include "attn/backend.h"
+#include "attn/fa2/fa2_ops.h"
 #include "attn/pdl.h"
-
-#ifdef __CUDACC__
-#include <type_traits>
-#endif
 
 /* Everything a kernel needs, by value. Derived on the host from layer and step params only. */
 typedef struct fa2__args {
@@ -71,167 +68,6 @@ static inline fa2__args fa2__args_for(const fattn__layer_params &l, const fattn_
   a.ps_shift = 0;
   while ((1u << a.ps_shift) < l.page_size) a.ps_shift++;
   return a;
-}
-
-__device__ __forceinline__ uint32_t fa2__smem(const void *p) {
-  return (uint32_t)__cvta_generic_to_shared(p);
-}
-/* 16-byte async copy; src_bytes 0 fills zeros without touching src. */
-__device__ __forceinline__ void fa2__cp16(void *dst, const void *src, int ok) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(fa2__smem(dst)),
-               "l"(src), "r"(ok ? 16 : 0));
-}
-__device__ __forceinline__ void fa2__commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void fa2__wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-__device__ __forceinline__ void fa2__ldm4(uint32_t *r, const void *p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(fa2__smem(p)));
-}
-__device__ __forceinline__ void fa2__ldm4t(uint32_t *r, const void *p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(fa2__smem(p)));
-}
-/* c += a * b, m16n8k16, fp32 accumulate. */
-template <typename T> __device__ __forceinline__ void fa2__mma(float *c, const uint32_t *a, const uint32_t *b);
-template <> __device__ __forceinline__ void fa2__mma<__nv_bfloat16>(float *c, const uint32_t *a, const uint32_t *b) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-template <> __device__ __forceinline__ void fa2__mma<__half>(float *c, const uint32_t *a, const uint32_t *b) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-template <typename T> __device__ __forceinline__ uint32_t fa2__pack(float x, float y);
-template <> __device__ __forceinline__ uint32_t fa2__pack<__nv_bfloat16>(float x, float y) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
-  return *(uint32_t *)&v;
-}
-template <> __device__ __forceinline__ uint32_t fa2__pack<__half>(float x, float y) {
-  __half2 v = __floats2half2_rn(x, y);
-  return *(uint32_t *)&v;
-}
-template <typename T> __device__ __forceinline__ T fa2__from_f(float x);
-template <> __device__ __forceinline__ __nv_bfloat16 fa2__from_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-template <> __device__ __forceinline__ __half fa2__from_f<__half>(float x) { return __float2half_rn(x); }
-
-/* Two e4m3 bytes (low byte first) to a packed pair of T; exact for bf16 and fp16. */
-template <typename T> __device__ __forceinline__ uint32_t fa2__e4m3x2(uint16_t b) {
-  __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)b, __NV_E4M3);
-  if constexpr (sizeof(T) == 2 && __is_same(T, __half)) {
-    return (uint32_t)h.x | ((uint32_t)h.y << 16);
-  } else {
-    float2 f = __half22float2(*(__half2 *)&h);
-    return fa2__pack<T>(f.x, f.y);
-  }
-}
-
-/* A packed pair of Q's type as the mma's type (bf16 Q narrows to fp16 beside fp8 KV). */
-template <typename T, typename TQ> __device__ __forceinline__ uint32_t fa2__to_mma(uint32_t w) {
-  if constexpr (std::is_same<T, TQ>::value) {
-    return w;
-  } else {
-    const __nv_bfloat162 b = *(const __nv_bfloat162 *)&w;
-    return fa2__pack<T>(__low2float(b), __high2float(b));
-  }
-}
-
-/* 8x8 transpose of 16-bit elements across the warp: a thread's pair of row g becomes the pair
- * of column g, so the transposed scores' accumulator feeds the next mma as its B operand. */
-__device__ __forceinline__ uint32_t fa2__transpose8(uint32_t x) {
-  uint32_t y;
-  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
-  return y;
-}
-
-/* Max and sum over the 8 lanes that share lane & 3 (a transposed tile's slots). */
-__device__ __forceinline__ float fa2__slot_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 4));
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 8));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 16));
-}
-__device__ __forceinline__ float fa2__slot_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 4);
-  x += __shfl_xor_sync(0xffffffffu, x, 8);
-  return x + __shfl_xor_sync(0xffffffffu, x, 16);
-}
-
-/* 2^x on the SFU alone. exp2f adds a range test and two multiplies a call so that results
- * under 2^-126 stay subnormal; a softmax weight that small is 0 in bf16 and fp16 anyway. */
-__device__ __forceinline__ float fa2__exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-__device__ __forceinline__ float fa2__qmax(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float fa2__qsum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
-/* Visibility of slot j for query t of entry e (tree rows included). */
-__device__ __forceinline__ bool fa2__vis(const fattn__layer_params &l, int causal, bool tree,
-                                         const uint64_t *mrow, uint32_t prefix, uint32_t qpos,
-                                         uint32_t j) {
-  if (tree && j >= prefix) {
-    uint32_t b = j - prefix; /* the bit replaces causality; window and chunk still apply */
-    if (b >= 64u || !((*mrow >> b) & 1ull)) return false;
-    return (j <= qpos ? fattn__visible(&l, causal, qpos, j) : fattn__visible(&l, causal, j, qpos)) != 0;
-  }
-  return fattn__visible(&l, causal, qpos, j) != 0;
-}
-
-/* An entry read through L2, so that a kernel may read it before fattn__pdl_wait (attn/pdl.h). */
-__device__ __forceinline__ fattn__entry fa2__entry(const fattn__entry *p) {
-  static_assert(sizeof(fattn__entry) == 48, "an entry is three 16-byte words");
-  const uint4 *w = (const uint4 *)p;
-  const uint4 x[3] = {__ldcg(w), __ldcg(w + 1), __ldcg(w + 2)};
-  fattn__entry e;
-  memcpy(&e, x, sizeof e);
-  return e;
-}
-
-/* Entry owning query tile b (last entry with tile_start <= b). */
-__device__ __forceinline__ uint32_t fa2__find(const fattn__entry *e, uint32_t n, uint32_t b) {
-  uint32_t lo = 0, hi = n; /* answer in [lo, hi) */
-  while (hi - lo > 1u) {
-    uint32_t mid = (lo + hi) >> 1;
-    if (e[mid].tile_start <= b) lo = mid; else hi = mid;
-  }
-  return lo;
-}
-
-/* Byte offset of 16-byte chunk c of tile row r. Rows of whole 128-byte lines (SW) are stored
- * unpadded with their chunks XOR-permuted by r & 7, so that ldmatrix's eight rows (r & 7 all
- * different) fall in eight different bank groups: a padded pitch does that too, but leaves rows
- * off 128-byte alignment, and the decode kind streamed 5% slower so (docs/perf.md, session 17). */
-template <int DROW, bool SW> __device__ __forceinline__ int fa2__at(int r, int c) {
-  return r * DROW + (SW ? c ^ (r & 7) : c) * 16;
-}
-
-/* Copies one block's rows (16-byte chunks, CH a row; with RANGE only rows [r_lo, r_hi)) for
- * the slots in rsb: chunk c of row r lands at dst + fa2__at<DROW, SW>(r, c). The chunk index
- * per thread is fixed at compile time, so a copy costs one shared load of its slot, one wide
- * multiply-add and the cp.async. */
-template <int BN, int CH, int NT, int DROW, bool SW, bool RANGE>
-__device__ __forceinline__ void fa2__rows(char *dst, const char *src, size_t stride, const uint32_t *rsb, int tid,
-                                          int r_lo, int r_hi) {
-#pragma unroll
-  for (int i = 0; i < (BN * CH + NT - 1) / NT; i++) {
-    const int ci = tid + i * NT, r = ci / CH, c = ci % CH;
-    if ((BN * CH % NT == 0 || ci < BN * CH) && (!RANGE || (r >= r_lo && r < r_hi))) {
-      const uint32_t sl = rsb[r];
-      const bool ok = sl != UINT32_MAX;
-      fa2__cp16(dst + fa2__at<DROW, SW>(r, c), src + (ok ? (size_t)sl * stride : 0u) + c * 16, ok);
-    }
-  }
 }
 
 /* Decode tile shape and residency, fixed at build time (benchmark variants override them).
