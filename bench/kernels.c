@@ -10,6 +10,7 @@
 
 int fattn_bench_ring_pages(const fattn__layer_params *l, const fattn__step_params *s, uint32_t entries,
                            float *sink, void *stream);
+int fattn_bench_hold(uint32_t us, void *stream);
 int fattn_bench_read_pages(const fattn__layer_params *l, const fattn__step_params *s, uint32_t entries,
                            float *sink, void *stream);
 
@@ -29,6 +30,7 @@ static fattn_backend decode_backend = FATTN_BACKEND_AUTO;
 /* `decode --roofline ring`: the read column times a decode block's copy ring alone over the
  * same pages (bench/read_pages.cu) instead of plain whole-page reads. */
 static int roofline_ring;
+static int host_timing; /* --timing host: a timed call's span includes the host's launches */
 
 static void fail(const char *what, const char *why) {
   fprintf(stderr, "%s: %s\n", what, why);
@@ -88,6 +90,7 @@ static double time_it(fattn_ctx *ctx, int which, const void *q, void *out, uint3
   s.hdr = ctx->step.hdr, s.entries = ctx->step.entries, s.cap_entries = entries, s.max_splits = ctx->n.max_splits;
   double t[21];
   for (int r = -3; r < 21; r++) {
+    if (!host_timing && fattn_bench_hold(50, NULL)) fail("hold kernel", "launch failed");
     cudaEventRecord(a, 0);
     int e = which ? (roofline_ring ? fattn_bench_ring_pages : fattn_bench_read_pages)(&l, &s, entries, sink, NULL)
                   : (int)fattn_attend(ctx, 0, q, out, NULL, NULL);
@@ -144,7 +147,9 @@ static void header(void) {
 }
 
 /* Options: --max-splits N (the split-KV bound of the contexts; default 32), --backend fa2|fa3
- * (the decode side's; default AUTO), --roofline read|ring (the read column's kernel). */
+ * (the decode side's; default AUTO), --roofline read|ring (the read column's kernel), --timing
+ * gpu|host (default gpu: each timed call queued behind a 50 us holding kernel, so that its
+ * events time the GPU's work; host: from an idle GPU, the host's launch latency included). */
 int fattn_bench_decode(int argc, char **argv) {
   for (int i = 1; i < argc; i += 2) {
     if (i + 1 < argc && strcmp(argv[i], "--roofline") == 0 &&
@@ -152,9 +157,14 @@ int fattn_bench_decode(int argc, char **argv) {
       roofline_ring = strcmp(argv[i + 1], "ring") == 0;
       continue;
     }
+    if (i + 1 < argc && strcmp(argv[i], "--timing") == 0 &&
+        (strcmp(argv[i + 1], "gpu") == 0 || strcmp(argv[i + 1], "host") == 0)) {
+      host_timing = strcmp(argv[i + 1], "host") == 0;
+      continue;
+    }
     if (i + 1 >= argc || !((strcmp(argv[i], "--max-splits") == 0 && sscanf(argv[i + 1], "%u", &max_splits) == 1) ||
                            backend_arg(argv[i], argv[i + 1], &decode_backend)))
-      fail("fattn-bench decode", "options: --max-splits N, --backend fa2|fa3, --roofline read|ring");
+      fail("fattn-bench decode", "options: --max-splits N, --backend fa2|fa3, --roofline read|ring, --timing gpu|host");
   }
   if (!fattn_bench_has_gpu()) fail("fattn-bench decode", "needs a CUDA device");
   static const kshape shapes[] = {
@@ -172,8 +182,10 @@ int fattn_bench_decode(int argc, char **argv) {
   FILE *csv = fopen("build/decode.csv", "w");
   if (!csv) fail("build/decode.csv", "cannot write");
   fprintf(csv, "mode,bs,q,kv,page,hq,hkv,d,kv_dtype,ms,gbps,read_gbps,tflops\n");
-  printf("fattn decode attention (Llama-3.1-8B heads), one layer, median of 21, max_splits %u; read = %s over the same pages\n",
-         max_splits ? max_splits : 32u, roofline_ring ? "a decode block's copy ring alone" : "pure-read kernel");
+  printf("fattn decode attention (Llama-3.1-8B heads), one layer, median of 21, max_splits %u; read = %s over the same pages;"
+         " %s\n",
+         max_splits ? max_splits : 32u, roofline_ring ? "a decode block's copy ring alone" : "pure-read kernel",
+         host_timing ? "host timing (launch latency included)" : "GPU timing (calls queued behind a holding kernel)");
   header();
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) run_shape(&shapes[i], csv);
   fclose(csv);
@@ -198,7 +210,8 @@ int fattn_bench_prefill(int argc, char **argv) {
   FILE *csv = fopen(path, "w");
   if (!csv) fail(path, "cannot write");
   fprintf(csv, "mode,bs,q,kv,page,hq,hkv,d,kv_dtype,ms,gbps,read_gbps,tflops\n");
-  printf("fattn prefill attention (FA3 paper setup: 16k tokens, hidden 2048), page 128, median of 21\n");
+  printf("fattn prefill attention (FA3 paper setup: 16k tokens, hidden 2048), page 128, median of 21;"
+         " GPU timing (calls queued behind a holding kernel)\n");
   header();
   static const uint32_t dims[3] = {64, 128, 256}, lens[6] = {512, 1024, 2048, 4096, 8192, 16384};
   for (int di = 0; di < 3; di++)

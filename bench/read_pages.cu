@@ -1,5 +1,6 @@
 /* read_pages.cu: the bandwidth rooflines of the decode benchmark: kernels that only read the K
- * and V pages a step attends to, by plain loads or through a decode block's copy ring. */
+ * and V pages a step attends to, by plain loads or through a decode block's copy ring; and the
+ * kernel that holds the stream while a timed call is queued. */
 #include <cuda_runtime.h>
 
 extern "C" {
@@ -86,5 +87,19 @@ extern "C" int fattn_bench_read_pages(const fattn__layer_params *l, const fattn_
   uint32_t elem = l->kv_dtype == 3u ? 1u : 2u;
   dim3 grid(l->pages_per_seq, entries);
   read_pages_kernel<<<grid, 256, 0, (cudaStream_t)stream>>>(*l, *s, elem, sink);
+  return (int)cudaGetLastError();
+}
+
+/* Spins one thread for `ns` of the GPU's global timer. Queued before a timed call's start
+ * event, it keeps the GPU busy while the host issues the call, so that the events time the
+ * GPU's own work, not the host's launch latency (the blocking kernel of NVIDIA's nvbench). */
+__global__ void hold_kernel(unsigned long long ns) {
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); while (t - t0 < ns);
+}
+
+extern "C" int fattn_bench_hold(uint32_t us, void *stream) {
+  hold_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(1000ull * us);
   return (int)cudaGetLastError();
 }

@@ -1,6 +1,9 @@
 # peers.py: times peer attention (PyTorch SDPA's cuDNN and FlashAttention-2 backends,
 # FlexAttention) on the shapes of `fattn-bench decode` / `prefill`, on the GPU machine only.
-# Usage: python3 bench/peers/peers.py [decode|prefill|all]  (reads build/*.csv for ratios)
+# Usage: python3 bench/peers/peers.py [decode|prefill|all] [--timing gpu|host]  (reads build/*.csv
+# for ratios). Timing as fattn-bench's: gpu (default) queues each timed call behind a ~200 us
+# spin (torch.cuda._sleep), so that the events time the GPU's work and not PyTorch's host path;
+# host times it from an idle GPU.
 import csv
 import os
 import statistics
@@ -18,6 +21,8 @@ except Exception:  # flex attention is optional
     FLEX = None
 
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "fa2": SDPBackend.FLASH_ATTENTION}
+HOST_TIMING = "--timing" in sys.argv and sys.argv[sys.argv.index("--timing") + 1:][:1] == ["host"]
+HOLD_CYCLES = 400_000  # ~200 us at the H200's clock: longer than PyTorch's host path of a call
 
 
 def median_ms(fn, runs=21, warmup=3):
@@ -26,6 +31,8 @@ def median_ms(fn, runs=21, warmup=3):
     times = []
     for _ in range(runs):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if not HOST_TIMING:
+            torch.cuda._sleep(HOLD_CYCLES)
         a.record()
         fn()
         b.record()
@@ -125,8 +132,9 @@ def prefill():
 
 
 if __name__ == "__main__":
-    what = sys.argv[1] if len(sys.argv) > 1 else "all"
-    print(torch.cuda.get_device_name(), "torch", torch.__version__, "cudnn", torch.backends.cudnn.version())
+    what = sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("--") else "all"
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, "cudnn", torch.backends.cudnn.version(),
+          "host timing" if HOST_TIMING else "GPU timing")
     if what in ("decode", "all"):
         decode()
     if what in ("prefill", "all"):
