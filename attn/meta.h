@@ -41,8 +41,12 @@
 /* Blocks an SM of fa2's 2-stage decode kinds (FA2_DEC_MINB, FA2_DEC_MINB_F8 default to them),
  * the wave the split rule of one-query decode steps rounds to: fp8 KV's 8-row kind holds 4
  * (fewer registers, half the bytes a slot: +10% at bs 64-128 over 3; docs/perf.md, session 18). */
+#ifndef FATTN__DECODE_RESIDENT
 #define FATTN__DECODE_RESIDENT 3u
+#endif
+#ifndef FATTN__DECODE_RESIDENT_F8
 #define FATTN__DECODE_RESIDENT_F8 4u
+#endif
 /* The wave rule adds splits only where each stays this long: shorter ones pay more in block
  * starts and the combine than the rounds save (bs 128 and 256 at context 512: 6.5-8% slower
  * steps with splits of 256; docs/perf.md, session 17). */
