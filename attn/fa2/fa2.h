@@ -170,6 +170,7 @@ struct fa2__cfg {
   static constexpr int SMEM = Q_BYTES + RS_BYTES + (KV_BYTES > EPI_BYTES ? KV_BYTES : EPI_BYTES);
   static_assert(WN % 16 == 0 && HD % 16 == 0 && HDV % 16 == 0 && BN <= NT && (TR || ROWS % 16 == 0), "tile shape");
   static_assert(!CONV || (HD % 32 == 0 && HDV % 32 == 0), "fp8 fragments cover 32 dims");
+  static_assert(!TR || QREG, "the transposed products read Q^T from registers");
 };
 
 template <int HD, int HDV, int ROWS, int NW, int BN, int ST, typename TQ, int KVT>
@@ -339,8 +340,8 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
 #pragma unroll
     for (int i = 0; i < C::NS; i++) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.f;
     if constexpr (C::TR) {
-      /* K as the A operand, 16 slots a tile: the ldmatrix of scores below gives a thread slots
-       * g and g + 8 of a 16-byte chunk (fp8: of 16 dims, which qfrag's order matches). */
+      /* K as the A operand, 16 slots a tile: the ldmatrix gives a thread slots g and g + 8 of
+       * a 16-byte chunk (fp8: 4 of its 16 dims, in the order qfrag's Q^T fragments follow). */
 #pragma unroll
       for (int ks = 0; ks < HD / 16; ks += 3 - C::KB) { /* 16-bit: one 16-dim step an ldmatrix; fp8: two */
 #pragma unroll
