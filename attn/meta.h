@@ -102,10 +102,14 @@ typedef struct fattn__page_copy {
   uint32_t dst;
 } fattn__page_copy;
 
+/* Whether fa2's decode kinds run 8-row tiles with the products transposed for entries of
+ * `rows` packed rows (q heads a kv head times queries an entry). */
+FATTN__HD int fattn__narrow_tiles(uint32_t rows, uint32_t head_dim) { return rows <= 8u && head_dim <= 128u; }
+
 /* Blocks an SM of the kind that runs one-query decode steps of a layer shape: fa2's 8-row tiles
- * (group = q heads a kv head <= 8, head dims <= 128) at fp8 KV, or any other 2-stage kind. */
+ * at fp8 KV, or any other 2-stage kind (group: q heads a kv head). */
 FATTN__HD uint32_t fattn__decode_resident(int kv_fp8, uint32_t head_dim, uint32_t group) {
-  return kv_fp8 && head_dim <= 128u && group <= 8u ? FATTN__DECODE_RESIDENT_F8 : FATTN__DECODE_RESIDENT;
+  return kv_fp8 && fattn__narrow_tiles(group, head_dim) ? FATTN__DECODE_RESIDENT_F8 : FATTN__DECODE_RESIDENT;
 }
 
 /* Never overflows: q_len may come close to UINT32_MAX in a rejected batch's arithmetic. */

@@ -150,17 +150,18 @@ struct fa2__cfg {
    * and read through L1 as before. */
   static constexpr bool EARLY = NW > 1 && MW == 1;
   static constexpr bool ALL_EARLY = EARLY && ST == FA2_DEEP_ST;
-  /* blocks an SM of the 2-stage decode kinds, as __launch_bounds__ */
+  /* blocks an SM of the 2-stage decode kinds; MINB: every kind's, for __launch_bounds__ */
   static constexpr uint32_t RESIDENT = HD > 128 ? 1 : TR && CONV ? FA2_DEC_MINB_F8 : FA2_DEC_MINB;
+  static constexpr int MINB = NW == 1 || HD > 128 ? 1 : ROWS == 32 ? FA2_WIDE_MINB : ST == FA2_DEEP_ST ? 2 : RESIDENT;
   /* Q fragments held in registers, except in the 2-stage 16-row decode kind with 16-bit KV and
    * the wide kind: there the 32 registers they take, under a 168-register cap, cost more than
    * an ldmatrix of Q a block (bs 64 x 4096 -8%, with the swizzle below; docs/perf.md, session
    * 17; verify -2%, session 18). fp8's 16-row fragments are converted as they load, so they
    * stay. */
   static constexpr bool QREG = HD <= 128 && (TR || (ROWS != 32 && (!EARLY || ALL_EARLY || CONV)));
-  /* K and V tile rows: unpadded and swizzled where a row is whole 128-byte lines (fa2__at),
-   * else padded by 16 bytes so that ldmatrix's eight rows hit distinct banks. */
-  /* the decode kinds, except fp8's 16-row ones (its padded rows measured best there) */
+  /* K and V tile rows: unpadded and swizzled where a row is whole 128-byte lines (fa2__at) in
+   * the decode kinds, except fp8's 16-row ones (padded rows measured best there); else padded
+   * by 16 bytes so that ldmatrix's eight rows hit distinct banks. */
   static constexpr bool SWON = NW > 1 && (!CONV || TR);
   static constexpr bool SWK = SWON && HD * KB % 128 == 0, SWV = SWON && HDV * KB % 128 == 0;
   static constexpr int KROW = HD * KB + (SWK ? 0 : 16), VROW = HDV * KB + (SWV ? 0 : 16);
@@ -430,7 +431,7 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
     float ms[2], al[2];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-      float mn = fmaxf(m[h], C::TR ? fa2__slot_max(mx[h]) : fa2__qmax(mx[h]));
+      float mn = fmaxf(m[h], C::TR ? fa2__lanes_max<4, 16>(mx[h]) : fa2__lanes_max<1, 2>(mx[h]));
       ms[h] = mn == -INFINITY ? 0.f : mn;
       al[h] = fa2__exp2(m[h] - ms[h]);
       m[h] = mn;
@@ -532,7 +533,7 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
 #pragma unroll
   for (int h = 0; h < 2; h++) {
     const int row = C::TR ? 2 * c4 + h : wm * 16 + g + h * 8;
-    const float lt = C::TR ? fa2__slot_sum(ls[h]) : fa2__qsum(ls[h]);
+    const float lt = C::TR ? fa2__lanes_sum<4, 16>(ls[h]) : fa2__lanes_sum<1, 2>(ls[h]);
     if ((C::TR ? g : c4) == 0) { em[wn * C::BM + row] = m[h]; el[wn * C::BM + row] = lt; }
     float *d = eo + (wn * C::BM + row) * C::LDO;
     if constexpr (C::TR) {
@@ -597,10 +598,7 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
 
 template <int HD, int HDV, int ROWS, int NW, int BN, int ST, typename T, int KVT>
 __global__ void __launch_bounds__(fa2__cfg<HD, HDV, ROWS, NW, BN, ST, T, KVT>::NT,
-                                  ROWS <= 16 && NW > 1 && HD <= 128
-                                      ? (ST == FA2_DEEP_ST ? 2 : fa2__cfg<HD, HDV, ROWS, NW, BN, ST, T, KVT>::RESIDENT)
-                                      : ROWS == 32 ? FA2_WIDE_MINB : 1)
-    fa2__attn(const fa2__args a) {
+                                  fa2__cfg<HD, HDV, ROWS, NW, BN, ST, T, KVT>::MINB) fa2__attn(const fa2__args a) {
   using C = fa2__cfg<HD, HDV, ROWS, NW, BN, ST, T, KVT>;
   const uint32_t linear = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
   const bool early = C::ALL_EARLY || (C::EARLY && linear < C::RESIDENT * a.num_sms);

@@ -152,7 +152,7 @@ extern "C" int fattn__fa2_attend(fattn__layer_params l, fattn__step_params s, co
     /* 32-row tiles change the column split and so the rounding; qpe is the same in a graph as
      * in its eager step for every mode that gets here (DRAFT_EXTEND does not), so replay stays exact. */
     wide = qpe * G > 16u && l.head_dim <= 128u;
-    narrow = qpe * G <= 8u && l.head_dim <= 128u; /* transposed 8-row tiles */
+    narrow = fattn__narrow_tiles(qpe * G, l.head_dim);
     const uint32_t rows_per_cta = wide ? 32u : narrow ? 8u : 16u;
     /* twice the policy's target: graph padding may leave fewer live entries than cap_entries */
     const uint32_t want = 2u * FATTN__CTAS_PER_SM * (uint32_t)fa2__sm_count();

@@ -89,18 +89,6 @@ __device__ __forceinline__ uint32_t fa2__transpose8(uint32_t x) {
   return y;
 }
 
-/* Max and sum over the 8 lanes that share lane & 3 (a transposed tile's slots). */
-__device__ __forceinline__ float fa2__slot_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 4));
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 8));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 16));
-}
-__device__ __forceinline__ float fa2__slot_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 4);
-  x += __shfl_xor_sync(0xffffffffu, x, 8);
-  return x + __shfl_xor_sync(0xffffffffu, x, 16);
-}
-
 /* 2^x on the SFU alone. exp2f adds a range test and two multiplies a call so that results
  * under 2^-126 stay subnormal; a softmax weight that small is 0 in bf16 and fp16 anyway. */
 __device__ __forceinline__ float fa2__exp2(float x) {
@@ -109,13 +97,18 @@ __device__ __forceinline__ float fa2__exp2(float x) {
   return y;
 }
 
-__device__ __forceinline__ float fa2__qmax(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+/* Max and sum over the lanes that differ from this one in lane-index bits LO..HI (powers of
+ * two): <1, 2> the 4 lanes of a row in an mma fragment, <4, 16> the 8 that share lane & 3 (a
+ * transposed tile's slots). */
+template <int LO, int HI> __device__ __forceinline__ float fa2__lanes_max(float x) {
+#pragma unroll
+  for (int o = LO; o <= HI; o <<= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
 }
-__device__ __forceinline__ float fa2__qsum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+template <int LO, int HI> __device__ __forceinline__ float fa2__lanes_sum(float x) {
+#pragma unroll
+  for (int o = LO; o <= HI; o <<= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
 }
 
 /* Visibility of slot j for query t of entry e (tree rows included). */

@@ -137,7 +137,7 @@ template <int BN> struct fa3__softmax_exact {
     float base[2];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-      mx[h] = fmaxf(m[h], fa2__qmax(mx[h]) * mul);
+      mx[h] = fmaxf(m[h], fa2__lanes_max<1, 2>(mx[h]) * mul);
       base[h] = mx[h] == -INFINITY ? 0.f : mx[h];
       alpha[h] = fa2__exp2(m[h] - base[h]);
       m[h] = mx[h];
@@ -173,7 +173,7 @@ template <int BN> struct fa3__softmax_lazy {
     float base[2];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-      mx[h] = fa2__qmax(mx[h]) * mul;
+      mx[h] = fa2__lanes_max<1, 2>(mx[h]) * mul;
       const float nm = mx[h] > m[h] + TH ? mx[h] : m[h];
       base[h] = nm == -INFINITY ? 0.f : nm;
       alpha[h] = nm == m[h] ? 1.f : fa2__exp2(m[h] - base[h]);
@@ -631,7 +631,7 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, char *qs
 #pragma unroll
     for (int h = 0; h < 2; h++) {
       const uint32_t q = R0 + warp * 16u + g + 8u * h;
-      const float L = fa2__qsum(sm.l[h]), M = sm.m[h];
+      const float L = fa2__lanes_sum<1, 2>(sm.l[h]), M = sm.m[h];
       if (q >= t.e.q_len) continue;
       float lse2 = -INFINITY, inv = 0.f; /* a row that sees nothing: O = 0, LSE = sink or -inf */
       if (M != -INFINITY) {
