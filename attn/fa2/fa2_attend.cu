@@ -14,41 +14,105 @@ extern "C" int fattn__fa2_supports(const fattn__layer_params *l) {
   return dims && types && ps && heads && mla;
 }
 
-/* Splits of a row whose partial O the combine holds in registers; rows of more splits land
- * FA2__LAND_SPLITS at a time in shared memory, which, unlike registers, the kernel's other
- * rows do not pay for: 16 float4 a lane in registers (144 a thread) held 3 blocks an SM, and
- * verify's 16k rows of 3 splits took 22 us after the decode kernel (docs/perf.md, session 18). */
+/* Splits of a row whose partial O the combine holds in registers, up to FA2__FEW_ROWS rows a
+ * warp; rows of more splits land FA2__LAND_SPLITS at a time in shared memory, a row at a time,
+ * which,
+ * unlike registers, the kernel's other rows do not pay for: 16 float4 a lane in registers (144
+ * a thread) held 3 blocks an SM, and verify's 16k rows of 3 splits took 22 us after the decode
+ * kernel (docs/perf.md, session 18). */
 #define FA2__FEW_SPLITS 4u
+#define FA2__FEW_ROWS 2u
 #define FA2__LAND_SPLITS 16u
 
-/* Merges the split partials of query t of entry e for q head hq (one warp): one pass over the
- * LSEs, then the partial O rows B splits at a time (the first batch issued with the LSE pass),
- * so that a row costs a few L2 round trips, not one a split. Past FA2__FEW_SPLITS the rows
- * land in this warp's land ([FA2__LAND_SPLITS][32] float4, one a lane a split). */
-template <typename T, uint32_t B>
-__device__ __forceinline__ void fa2__merge_row(const fa2__args &a, const fattn__entry &e, uint32_t t, uint32_t hq,
-                                               uint32_t lane, float4 *land) {
-  constexpr bool LAND = B > FA2__FEW_SPLITS;
+/* Merges query t of entry e for q heads hq0 .. hq0 + nr - 1 (nr <= FA2__FEW_ROWS), an entry of
+ * at most FA2__FEW_SPLITS splits (one warp): every row's LSEs and partial rows are loaded
+ * together (one L2 round trip for them all) and weighed in registers. */
+template <typename T>
+__device__ __forceinline__ void fa2__merge_few(const fa2__args &a, const fattn__entry &e, uint32_t t, uint32_t hq0,
+                                               uint32_t nr, uint32_t lane) {
+  constexpr uint32_t B = FA2__FEW_SPLITS, NR = FA2__FEW_ROWS;
+  const uint32_t qh = a.l.num_q_heads, dv = a.l.head_dim_v, ns = e.num_splits;
+  /* split j of row r at lse[j * qh + r] and po[(j * qh + r) * dv] */
+  const size_t first = ((size_t)e.split_row + (size_t)t * ns) * qh + hq0;
+  const float *lse = a.s.split_lse + first, *po = a.s.split_o + first * dv;
+  /* Unconditional loads (past the last split or row, the last one again, weighted 0 or not
+   * stored): guarded ones were issued one after another, each waiting on the one before. */
+  auto at = [&](uint32_t r, uint32_t j) -> uint32_t { return (j < ns ? j : ns - 1u) * qh + (r < nr ? r : nr - 1u); };
+  float x[NR][B];
+  float4 v[NR][B];
+  const uint32_t c0 = lane * 4u; /* this lane's first 4 dims; lanes past dv have none */
+#pragma unroll
+  for (uint32_t r = 0; r < NR; r++)
+#pragma unroll
+    for (uint32_t j = 0; j < B; j++) {
+      x[r][j] = lse[at(r, j)];
+      if (c0 < dv) v[r][j] = *(const float4 *)(po + at(r, j) * dv + c0);
+    }
+  float inv[NR];
+  bool seen[NR];
+#pragma unroll
+  for (uint32_t r = 0; r < NR; r++) { /* x becomes the weights */
+    float M = -INFINITY;
+#pragma unroll
+    for (uint32_t j = 0; j < B; j++) M = j < ns ? fmaxf(M, x[r][j]) : M;
+    const uint32_t hq = hq0 + r;
+    seen[r] = M != -INFINITY;
+    float L = 0.f, lse = a.l.sinks && r < nr ? a.l.sinks[hq] : -INFINITY;
+#pragma unroll
+    for (uint32_t j = 0; j < B; j++) {
+      x[r][j] = j < ns && seen[r] ? expf(x[r][j] - M) : 0.f;
+      L += x[r][j];
+    }
+    if (seen[r]) {
+      if (a.l.sinks && r < nr) L += expf(a.l.sinks[hq] - M);
+      lse = M + logf(L);
+    }
+    inv[r] = seen[r] ? a.o_mul / L : 0.f;
+    if (a.lse && lane == 0u && r < nr) a.lse[(size_t)(e.q_start + t) * qh + hq] = lse;
+  }
+  for (uint32_t c = c0; c < dv; c += 128u) {
+    if (c != c0)
+#pragma unroll
+      for (uint32_t r = 0; r < NR; r++)
+#pragma unroll
+        for (uint32_t j = 0; j < B; j++) v[r][j] = *(const float4 *)(po + at(r, j) * dv + c);
+#pragma unroll
+    for (uint32_t r = 0; r < NR; r++) {
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (uint32_t j = 0; j < B; j++) {
+        const float wt = x[r][j];
+        acc.x += wt * v[r][j].x; acc.y += wt * v[r][j].y; acc.z += wt * v[r][j].z; acc.w += wt * v[r][j].w;
+      }
+      if (!seen[r]) acc = make_float4(0.f, 0.f, 0.f, 0.f); /* a row that sees nothing: O = 0 */
+      T *out = (T *)a.out + ((size_t)(e.q_start + t) * qh + hq0 + r) * dv;
+      if (r < nr)
+        *(uint2 *)(out + c) = make_uint2(fa2__pack<T>(acc.x * inv[r], acc.y * inv[r]),
+                                         fa2__pack<T>(acc.z * inv[r], acc.w * inv[r]));
+    }
+  }
+}
+
+/* Merges the split partials of query t of entry e for q head hq (one warp), an entry of more
+ * than FA2__FEW_SPLITS splits: one pass over the LSEs, then the partial O rows land in this
+ * warp's land ([FA2__LAND_SPLITS][32] float4, one a lane a split) FA2__LAND_SPLITS splits at a
+ * time (the first batch issued with the LSE pass), so that a row costs a few L2 round trips,
+ * not one a split. */
+template <typename T>
+__device__ __forceinline__ void fa2__merge_landed(const fa2__args &a, const fattn__entry &e, uint32_t t, uint32_t hq,
+                                                  uint32_t lane, float4 *land) {
+  constexpr uint32_t B = FA2__LAND_SPLITS;
   const uint32_t qh = a.l.num_q_heads, dv = a.l.head_dim_v, ns = e.num_splits;
   const size_t base = (size_t)e.split_row + (size_t)t * ns;
   const float *lse = a.s.split_lse + base * qh + hq; /* split s at lse[s * qh] */
   const float *po = a.s.split_o + (base * qh + hq) * dv; /* split s at po[s * qh * dv] */
-  float x[LAND ? 1 : B];
-  float4 v[LAND ? 1 : B];
-  /* Unconditional loads (past the last split, the last split again, weighted 0): guarded ones
-   * were issued one after another, each waiting on the one before. */
-  auto fetch = [&](uint32_t s0, uint32_t c) {
+  auto fetch = [&](uint32_t s0, uint32_t c) { /* the last split again past ns, weighted 0 */
 #pragma unroll
     for (uint32_t j = 0; j < B; j++) {
       const size_t sj = s0 + j < ns ? s0 + j : ns - 1u;
-      if constexpr (LAND) {
-        fa2__cp16(land + j * 32u + lane, po + sj * qh * dv + c, 1);
-      } else {
-        x[j] = lse[sj * qh];
-        v[j] = *(const float4 *)(po + sj * qh * dv + c);
-      }
+      fa2__cp16(land + j * 32u + lane, po + sj * qh * dv + c, 1);
     }
-    if constexpr (LAND) fa2__commit();
+    fa2__commit();
   };
   const uint32_t c0 = lane * 4u; /* this lane's first 4 dims; lanes past dv have none */
   if (c0 < dv) fetch(0u, c0); /* in flight with the LSE pass: one round trip, not two */
@@ -64,7 +128,7 @@ __device__ __forceinline__ void fa2__merge_row(const fa2__args &a, const fattn__
   const size_t orow = (size_t)(e.q_start + t) * qh + hq;
   T *out = (T *)a.out + orow * dv;
   if (Mw == -INFINITY) {
-    if constexpr (LAND) fa2__wait<0>(); /* the next row lands where this one's copies go */
+    fa2__wait<0>(); /* the next row lands where this one's copies go */
     for (uint32_t c = c0; c < dv; c += 128u)
       *(uint2 *)(out + c) = make_uint2(0u, 0u);
     if (a.lse && lane == 0u) a.lse[orow] = a.l.sinks ? a.l.sinks[hq] : -INFINITY;
@@ -79,12 +143,12 @@ __device__ __forceinline__ void fa2__merge_row(const fa2__args &a, const fattn__
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     for (uint32_t s0 = 0; s0 < ns; s0 += B) {
       if (s0 != 0u || c != c0) fetch(s0, c); /* the first batch of the first dims is in flight */
-      if constexpr (LAND) fa2__wait<0>(); /* a lane reads only what its own copies landed */
+      fa2__wait<0>(); /* a lane reads only what its own copies landed */
 #pragma unroll
       for (uint32_t j = 0; j < B; j++) {
         /* landed rows' LSEs are read again here, from L1 (the LSE pass read them) */
-        const float wt = s0 + j < ns ? expf((LAND ? lse[(size_t)(s0 + j) * qh] : x[LAND ? 0 : j]) - Mw) : 0.f;
-        const float4 y = LAND ? land[j * 32u + lane] : v[LAND ? 0 : j];
+        const float wt = s0 + j < ns ? expf(lse[(size_t)(s0 + j) * qh] - Mw) : 0.f;
+        const float4 y = land[j * 32u + lane];
         acc.x += wt * y.x; acc.y += wt * y.y; acc.z += wt * y.z; acc.w += wt * y.w;
       }
     }
@@ -93,19 +157,25 @@ __device__ __forceinline__ void fa2__merge_row(const fa2__args &a, const fattn__
   if (a.lse && lane == 0u) a.lse[orow] = Mw + logf(L);
 }
 
-/* One warp per (entry, query slot, q head), qpe query slots an entry: merges the split
- * partials of queries t = slot, slot + qpe, ... of split entries. The entry is indexed, not
- * searched, and read before the wait (attn/pdl.h), so that no chain of loads follows it.
- * Registers for 7 blocks an SM (72, no spill); the landing area (32 KiB and the block's 1 KiB
- * reserve, of 228 KiB) fits 6, against 3 that 144 registers allowed before. */
+/* One warp per (entry, query slot, rpw q heads), qpe query slots an entry: merges the split
+ * partials of queries t = slot, slot + qpe, ... of split entries. Two rows a warp (rpw 2) halve
+ * the rounds of a grid of more rows than one round holds (verify: 16k rows of 3 splits, tail 16
+ * -> 11.6 us); fewer rows go one a warp, since rows that land run one after another in their
+ * warp (bs 1 x 32768, 32 rows of 32 splits: tail 3.8 -> 6.7 us at two a warp; docs/perf.md,
+ * session 19). The entry is
+ * indexed, not searched, and read before the wait (attn/pdl.h), so that no chain of loads
+ * follows it. Registers for 5 blocks an SM (96, no spill; two rows' 8 partial rows a lane spill
+ * 48 bytes at 6), against 3 that 144 registers allowed in session 17; the landing area (32 KiB
+ * and the block's 1 KiB reserve, of 228 KiB) would fit 6. */
 template <typename T>
-__global__ void __launch_bounds__(128, 7) fa2__combine(const fa2__args a, uint32_t qpe) {
+__global__ void __launch_bounds__(128, 5) fa2__combine(const fa2__args a, uint32_t qpe, uint32_t rpw) {
   /* The caller's next kernel may launch now: it waits for this grid, which ends only after the
    * decode kernel has. If it too releases before its wait, the next layer's store and decode
    * kernels start theirs early, and the decode prologue overlaps this merge. */
   fattn__pdl_release();
-  const uint32_t qh = a.l.num_q_heads, lane = threadIdx.x & 31u;
-  const uint32_t w = blockIdx.x * 4u + (threadIdx.x >> 5), ei = w / (qpe * qh), slot = w / qh % qpe, hq = w % qh;
+  const uint32_t qh = a.l.num_q_heads, lane = threadIdx.x & 31u, hg = (qh + rpw - 1u) / rpw;
+  const uint32_t w = blockIdx.x * 4u + (threadIdx.x >> 5), ei = w / (qpe * hg), slot = w / hg % qpe;
+  const uint32_t hq0 = w % hg * rpw, nr = min(rpw, qh - hq0);
   const bool live = ei < __ldcg(&a.s.hdr->num_entries);
   const fattn__entry e = live ? fa2__entry(a.s.entries + ei) : fattn__entry{};
   /* Every thread waits, even one with nothing to merge: a dependent's wait is promised to
@@ -115,8 +185,11 @@ __global__ void __launch_bounds__(128, 7) fa2__combine(const fa2__args a, uint32
   if (!live || e.num_splits <= 1u) return;
   __shared__ float4 land[4][FA2__LAND_SPLITS * 32u]; /* [warp][split][lane]: 32 KiB */
   for (uint32_t t = slot; t < e.q_len; t += qpe) {
-    if (e.num_splits <= FA2__FEW_SPLITS) fa2__merge_row<T, FA2__FEW_SPLITS>(a, e, t, hq, lane, nullptr);
-    else fa2__merge_row<T, FA2__LAND_SPLITS>(a, e, t, hq, lane, land[threadIdx.x >> 5]);
+    if (e.num_splits <= FA2__FEW_SPLITS) {
+      fa2__merge_few<T>(a, e, t, hq0, nr, lane);
+    } else {
+      for (uint32_t r = 0; r < nr; r++) fa2__merge_landed<T>(a, e, t, hq0 + r, lane, land[threadIdx.x >> 5]);
+    }
   }
 }
 
@@ -176,7 +249,11 @@ extern "C" int fattn__fa2_attend(fattn__layer_params l, fattn__step_params s, co
     default: err = fa2__launch_hd256(&a, kind, grid, st); break;
   }
   if (err || !decode || !s.split_o) return err;
-  const uint32_t warps = s.cap_entries * qpe * l.num_q_heads;
+  /* two rows a warp past one round of the combine's warps (5 blocks of 4 an SM); a row's result
+   * does not depend on it, so a graph and its eager step may differ in it */
+  const uint32_t rows = s.cap_entries * qpe * l.num_q_heads, round = 20u * (uint32_t)fa2__sm_count();
+  const uint32_t rpw = rows > round ? FA2__FEW_ROWS : 1u;
+  const uint32_t warps = s.cap_entries * qpe * ((l.num_q_heads + rpw - 1u) / rpw);
   return (int)fattn__launch(l.q_dtype == 1u ? fa2__combine<__nv_bfloat16> : fa2__combine<__half>,
-                            dim3((warps + 3u) / 4u), dim3(128), 0, st, a, qpe);
+                            dim3((warps + 3u) / 4u), dim3(128), 0, st, a, qpe, rpw);
 }
