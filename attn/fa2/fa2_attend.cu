@@ -16,10 +16,9 @@ extern "C" int fattn__fa2_supports(const fattn__layer_params *l) {
 
 /* Splits of a row whose partial O the combine holds in registers, up to FA2__FEW_ROWS rows a
  * warp; rows of more splits land FA2__LAND_SPLITS at a time in shared memory, a row at a time,
- * which,
- * unlike registers, the kernel's other rows do not pay for: 16 float4 a lane in registers (144
- * a thread) held 3 blocks an SM, and verify's 16k rows of 3 splits took 22 us after the decode
- * kernel (docs/perf.md, session 18). */
+ * which, unlike registers, the kernel's other rows do not pay for: 16 float4 a lane in
+ * registers (144 a thread) held 3 blocks an SM, and verify's 16k rows of 3 splits took 22 us
+ * after the decode kernel (docs/perf.md, session 18). */
 #define FA2__FEW_SPLITS 4u
 #define FA2__FEW_ROWS 2u
 #define FA2__LAND_SPLITS 16u
@@ -57,7 +56,7 @@ __device__ __forceinline__ void fa2__merge_few(const fa2__args &a, const fattn__
     for (uint32_t j = 0; j < B; j++) M = j < ns ? fmaxf(M, x[r][j]) : M;
     const uint32_t hq = hq0 + r;
     seen[r] = M != -INFINITY;
-    float L = 0.f, lse = a.l.sinks && r < nr ? a.l.sinks[hq] : -INFINITY;
+    float L = 0.f, row_lse = a.l.sinks && r < nr ? a.l.sinks[hq] : -INFINITY;
 #pragma unroll
     for (uint32_t j = 0; j < B; j++) {
       x[r][j] = j < ns && seen[r] ? expf(x[r][j] - M) : 0.f;
@@ -65,10 +64,10 @@ __device__ __forceinline__ void fa2__merge_few(const fa2__args &a, const fattn__
     }
     if (seen[r]) {
       if (a.l.sinks && r < nr) L += expf(a.l.sinks[hq] - M);
-      lse = M + logf(L);
+      row_lse = M + logf(L);
     }
     inv[r] = seen[r] ? a.o_mul / L : 0.f;
-    if (a.lse && lane == 0u && r < nr) a.lse[(size_t)(e.q_start + t) * qh + hq] = lse;
+    if (a.lse && lane == 0u && r < nr) a.lse[(size_t)(e.q_start + t) * qh + hq] = row_lse;
   }
   for (uint32_t c = c0; c < dv; c += 128u) {
     if (c != c0)
@@ -162,9 +161,8 @@ __device__ __forceinline__ void fa2__merge_landed(const fa2__args &a, const fatt
  * the rounds of a grid of more rows than one round holds (verify: 16k rows of 3 splits, tail 16
  * -> 11.6 us); fewer rows go one a warp, since rows that land run one after another in their
  * warp (bs 1 x 32768, 32 rows of 32 splits: tail 3.8 -> 6.7 us at two a warp; docs/perf.md,
- * session 19). The entry is
- * indexed, not searched, and read before the wait (attn/pdl.h), so that no chain of loads
- * follows it. Registers for 5 blocks an SM (96, no spill; two rows' 8 partial rows a lane spill
+ * session 19). The entry is indexed, not searched, and read before the wait (attn/pdl.h), so
+ * that no chain of loads follows it. Registers for 5 blocks an SM (96, no spill; two rows' 8 partial rows a lane spill
  * 48 bytes at 6), against 3 that 144 registers allowed in session 17; the landing area (32 KiB
  * and the block's 1 KiB reserve, of 228 KiB) would fit 6. */
 template <typename T>
