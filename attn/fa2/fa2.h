@@ -412,21 +412,34 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
     /* the thread's row of score k (0 or 1) */
     auto row_of = [](int k) { return C::TR ? k & 1 : k >> 1; };
     float mx[2] = {-INFINITY, -INFINITY};
+    /* Scores to the exp2 domain, masked and softcapped by compile-time switches, each mix its
+     * own copy: with the tests inside the unrolled loop a full block's path jumped over 16
+     * inlined mask bodies and spread over 67 KB of code (verify stalled for instructions;
+     * docs/perf.md, session 19). */
+    auto scale = [&](auto masked, auto capped) {
 #pragma unroll
-    for (int nt = 0; nt < C::NS; nt++) {
+      for (int nt = 0; nt < C::NS; nt++) {
 #pragma unroll
-      for (int k = 0; k < 4; k++) {
-        float x = sc[nt][k];
-        if (l.softcap > 0.f) x = l.softcap * tanhf(x * a.cap_scale / l.softcap) * FA2__LOG2E;
-        else x *= a.sl2;
-        if (!full) {
-          const uint32_t j = j0 + wn * C::WN + (C::TR ? nt * 16 + g + (k >> 1) * 8 : nt * 8 + 2 * c4 + (k & 1));
-          const int h = row_of(k);
-          if (!(j < ke && (cut || fa2__vis(l, causal, tree, mr[h], prefix, qp[h], j)))) x = -INFINITY;
+        for (int k = 0; k < 4; k++) {
+          float x = sc[nt][k];
+          if constexpr (decltype(capped)::value) x = l.softcap * tanhf(x * a.cap_scale / l.softcap) * FA2__LOG2E;
+          else x *= a.sl2;
+          if constexpr (decltype(masked)::value) {
+            const uint32_t j = j0 + wn * C::WN + (C::TR ? nt * 16 + g + (k >> 1) * 8 : nt * 8 + 2 * c4 + (k & 1));
+            const int h = row_of(k);
+            if (!(j < ke && (cut || fa2__vis(l, causal, tree, mr[h], prefix, qp[h], j)))) x = -INFINITY;
+          }
+          sc[nt][k] = x;
+          mx[row_of(k)] = fmaxf(mx[row_of(k)], x);
         }
-        sc[nt][k] = x;
-        mx[row_of(k)] = fmaxf(mx[row_of(k)], x);
       }
+    };
+    if (l.softcap > 0.f) {
+      if (full) scale(std::false_type(), std::true_type());
+      else scale(std::true_type(), std::true_type());
+    } else {
+      if (full) scale(std::false_type(), std::false_type());
+      else scale(std::true_type(), std::false_type());
     }
     float ms[2], al[2];
 #pragma unroll
