@@ -412,10 +412,10 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
     /* the thread's row of score k (0 or 1) */
     auto row_of = [](int k) { return C::TR ? k & 1 : k >> 1; };
     float mx[2] = {-INFINITY, -INFINITY};
-    /* Scores to the exp2 domain, masked and softcapped by compile-time switches, each mix its
-     * own copy: with the tests inside the unrolled loop a full block's path jumped over 16
-     * inlined mask bodies and spread over 67 KB of code (verify stalled for instructions;
-     * docs/perf.md, session 19). */
+    /* Scores to the exp2 domain. The mask and the softcap are compile-time switches, one copy
+     * of the loop for each of the four mixes: with runtime tests inside the unrolled loop, a
+     * full block's path jumped over 16 inlined mask bodies spread over 67 KB of code, and
+     * verify stalled for instructions (docs/perf.md, session 19). */
     auto scale = [&](auto masked, auto capped) {
 #pragma unroll
       for (int nt = 0; nt < C::NS; nt++) {
