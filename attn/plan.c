@@ -294,8 +294,7 @@ static void fill_header(fattn_ctx *ctx, fattn__step_hdr *h, fattn_mode mode) {
   h->split_rows_cap = ctx->lay.split_rows_cap;
   h->target_ctas = FATTN__CTAS_PER_SM * ctx->num_sms;
   h->num_kv_heads = ctx->n.model.num_kv_heads;
-  h->decode_resident = fattn__decode_resident(ctx->n.cfg.kv_dtype == FATTN_DTYPE_FP8_E4M3, ctx->n.model.head_dim,
-                                              ctx->n.model.num_q_heads / ctx->n.model.num_kv_heads);
+  h->decode_resident = ctx->decode_resident;
   h->causal = mode != FATTN_MODE_CROSS;
 }
 

@@ -209,6 +209,8 @@ fattn_status fattn_create(const fattn_config *cfg, const fattn_model *model, fat
   fattn_ctx *ctx = NULL;
   if ((st = take_memory(&n, &lay, &r, &ctx, detail, detail_len))) return st;
   ctx->num_sms = sms;
+  ctx->decode_resident = fattn__decode_resident(n.cfg.kv_dtype == FATTN_DTYPE_FP8_E4M3, n.model.head_dim,
+                                                n.model.num_q_heads / n.model.num_kv_heads);
   if ((st = copy_model(ctx, model, detail, detail_len)) || (st = choose_backends(ctx, detail, detail_len)) ||
       (st = make_tmaps(ctx, detail, detail_len)) ||
       (st = fattn__pages_init(ctx)) || (st = fattn__graphs_init(ctx))) {

@@ -137,6 +137,7 @@ struct fattn_ctx {
   fattn_layer_opts *layers; /* [num_layers] host copy */
   int device;               /* CUDA ordinal, -1 for CPU */
   uint32_t num_sms;
+  uint32_t decode_resident; /* fattn__decode_resident of the model and KV type, for step headers */
   int model_has_sinks;
   uint8_t *dev;    /* the one device allocation (host memory on the CPU backend) */
   uint8_t *pinned; /* the one pinned slab (holds this struct) */

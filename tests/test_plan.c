@@ -195,6 +195,8 @@ START_TEST(decode_equals_prefill_row) {
   step(FATTN_MODE_PREFILL, 1, &a, q13, seeds, 3, out_b, lse_b);
   ck_assert_ok(fattn_seq_reserve(ctx, a, 14));
   step(FATTN_MODE_DECODE, 1, &a, one, seeds, 3, out_a, lse_a);
+  /* the step header carries the decode kind's residency, fixed at create for the split rule */
+  ck_assert_uint_eq(ctx->step.hdr->decode_resident, fattn__decode_resident(0, D, HQ / HKV));
   step(FATTN_MODE_PREFILL, 1, &b, q14, seeds, 3, out_b, lse_b);
   ck_assert_int_eq(memcmp(out_a, out_b + 13 * HQ * D, sizeof out_a), 0);
   ck_assert_int_eq(memcmp(lse_a, lse_b + 13 * HQ, sizeof lse_a), 0);

@@ -22,6 +22,8 @@ extern "C" int fattn__fa2_supports(const fattn__layer_params *l) {
 #define FA2__FEW_SPLITS 4u
 #define FA2__FEW_ROWS 2u
 #define FA2__LAND_SPLITS 16u
+/* The combine's blocks an SM (__launch_bounds__; 4 warps each), which sizes a round of rows. */
+#define FA2__COMBINE_BLOCKS 5
 
 /* Merges query t of entry e for q heads hq0 .. hq0 + nr - 1 (nr <= FA2__FEW_ROWS), an entry of
  * at most FA2__FEW_SPLITS splits (one warp): every row's LSEs and partial rows are loaded
@@ -162,11 +164,13 @@ __device__ __forceinline__ void fa2__merge_landed(const fa2__args &a, const fatt
  * -> 11.6 us); fewer rows go one a warp, since rows that land run one after another in their
  * warp (bs 1 x 32768, 32 rows of 32 splits: tail 3.8 -> 6.7 us at two a warp; docs/perf.md,
  * session 19). The entry is indexed, not searched, and read before the wait (attn/pdl.h), so
- * that no chain of loads follows it. Registers for 5 blocks an SM (96, no spill; two rows' 8 partial rows a lane spill
- * 48 bytes at 6), against 3 that 144 registers allowed in session 17; the landing area (32 KiB
- * and the block's 1 KiB reserve, of 228 KiB) would fit 6. */
+ * that no chain of loads follows it. Registers for FA2__COMBINE_BLOCKS (5) blocks an SM (96,
+ * no spill; two rows' 8 partial rows a lane spill 48 bytes at 6), against 3 that 144 registers
+ * allowed in session 17; the landing area (32 KiB and the block's 1 KiB reserve, of 228 KiB)
+ * would fit 6. */
 template <typename T>
-__global__ void __launch_bounds__(128, 5) fa2__combine(const fa2__args a, uint32_t qpe, uint32_t rpw) {
+__global__ void __launch_bounds__(128, FA2__COMBINE_BLOCKS)
+    fa2__combine(const fa2__args a, uint32_t qpe, uint32_t rpw) {
   /* The caller's next kernel may launch now: it waits for this grid, which ends only after the
    * decode kernel has. If it too releases before its wait, the next layer's store and decode
    * kernels start theirs early, and the decode prologue overlaps this merge. */
@@ -247,9 +251,10 @@ extern "C" int fattn__fa2_attend(fattn__layer_params l, fattn__step_params s, co
     default: err = fa2__launch_hd256(&a, kind, grid, st); break;
   }
   if (err || !decode || !s.split_o) return err;
-  /* two rows a warp past one round of the combine's warps (5 blocks of 4 an SM); a row's result
-   * does not depend on it, so a graph and its eager step may differ in it */
-  const uint32_t rows = s.cap_entries * qpe * l.num_q_heads, round = 20u * (uint32_t)fa2__sm_count();
+  /* two rows a warp past one round of the combine's warps; a row's result does not depend on
+   * it, so a graph and its eager step may differ in it */
+  const uint32_t rows = s.cap_entries * qpe * l.num_q_heads;
+  const uint32_t round = FA2__COMBINE_BLOCKS * 4u * (uint32_t)fa2__sm_count();
   const uint32_t rpw = rows > round ? FA2__FEW_ROWS : 1u;
   const uint32_t warps = s.cap_entries * qpe * ((l.num_q_heads + rpw - 1u) / rpw);
   return (int)fattn__launch(l.q_dtype == 1u ? fa2__combine<__nv_bfloat16> : fa2__combine<__half>,
