@@ -204,13 +204,18 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
   const char *kpool = (const char *)l.k_pool;
   const char *vpool = l.mla ? kpool : (const char *)l.v_pool;
   const uint32_t vstride = l.mla ? HD : HDV;
-  /* Pool row (page * page_size + offset) of slot r of block blk; UINT32_MAX past the range.
-   * Looked up ST blocks ahead into rs, so that no page-table latency sits before a copy. */
-  auto slot_of = [&](int blk, int r, bool early) -> uint32_t {
-    uint32_t j = kb + (uint32_t)blk * BN + r;
-    if (blk >= nblk || j >= ke) return UINT32_MAX;
+  /* Page-table word of slot r of block blk (0 past the range, where nothing is read), and the
+   * pool row (page * page_size + offset) it gives, UINT32_MAX past the range. Rows are looked
+   * up ST blocks ahead into rs, so that no page-table latency sits before a copy. */
+  auto word_of = [&](int blk, int r, bool early) -> uint32_t {
+    const uint32_t j = kb + (uint32_t)blk * BN + r;
+    if (blk >= nblk || j >= ke) return 0u;
     const int32_t *p = pt + (j >> a.ps_shift);
-    return ((uint32_t)(early ? __ldcg(p) : *p) << a.ps_shift) + (j & psm);
+    return (uint32_t)(early ? __ldcg(p) : *p);
+  };
+  auto pool_row = [&](int blk, int r, uint32_t word) -> uint32_t {
+    const uint32_t j = kb + (uint32_t)blk * BN + r;
+    return blk >= nblk || j >= ke ? UINT32_MAX : (word << a.ps_shift) + (j & psm);
   };
   const size_t kst = (size_t)l.num_kv_heads * HD * C::KB, vst = (size_t)l.num_kv_heads * vstride * C::KB;
   const char *ksrc = kpool + (size_t)kvh * HD * C::KB, *vsrc = vpool + (size_t)kvh * vstride * C::KB;
@@ -270,7 +275,13 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
    * rest with Q, and an empty one, so that the loop's first wait (all but the newest group)
    * covers every row of the first stages, as it covers stage 0 in the other kinds. */
   if (!early) load_q();
-  for (int r = tid; r < ST * BN; r += C::NT) rs[r] = slot_of(r / BN, r % BN, early);
+  for (int r = tid; r < ST * BN; r += C::NT) rs[r] = pool_row(r / BN, r % BN, word_of(r / BN, r % BN, early));
+  /* The loop's lookups load their words two blocks before they use them: the compiler puts a
+   * word's first use (its shift) right after its load, before the block's math, so a word
+   * loaded in the same block stalled warps 0-1 for a miss's whole latency, at page 16 every
+   * other block (a 32-byte sector holds two blocks' words; bs 1 x 32768 +5%, docs/perf.md,
+   * session 20). These are blocks ST and ST + 1's. */
+  uint32_t word1 = tid < BN ? word_of(ST, tid, early) : 0u, word2 = tid < BN ? word_of(ST + 1, tid, early) : 0u;
   __syncthreads();
   if (C::EARLY && early) {
 #pragma unroll
@@ -324,7 +335,9 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
     fa2__wait<ST - 2>();
     __syncthreads();
     load(blk + ST - 1);
-    const uint32_t ahead = tid < BN ? slot_of(blk + ST, tid, false) : 0u; /* stored after the math */
+    const uint32_t ahead = tid < BN ? pool_row(blk + ST, tid, word1) : 0u; /* stored after the math */
+    word1 = word2;
+    word2 = tid < BN ? word_of(blk + ST + 2, tid, false) : 0u;
     const char *Kt = kv + (blk % ST) * C::TILE_BYTES;
     const char *Vt = Kt + BN * C::KROW;
     const uint32_t j0 = kb + blk * BN;
