@@ -23,5 +23,10 @@ double fattn_bench_now(void);                 /* monotonic seconds */
 double fattn_bench_median(double *v, size_t n);
 int fattn_bench_has_gpu(void);
 void fattn_bench_print_plan(const fattn_memory_report *r, FILE *out);
+/* fattn_graph_launch's two halves timed apart, in microseconds: the plan into the batch's
+ * bucket, then cudaGraphLaunch of its graph (the bucket lookup before them untimed). The
+ * caller drains the stream first where it wants an idle device. Exits on an error. */
+void fattn_bench_graph_halves(fattn_ctx *ctx, const fattn_batch *b, void *stream, double *plan_us,
+                              double *launch_us);
 
 #endif /* FATTN_BENCH_H */

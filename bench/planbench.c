@@ -62,6 +62,29 @@ static double time_plan(fattn_ctx *ctx, fattn_mode mode, uint32_t bs, uint32_t *
   return fattn_bench_median(t, (size_t)runs) * 1e6;
 }
 
+void fattn_bench_graph_halves(fattn_ctx *ctx, const fattn_batch *b, void *stream, double *plan_us,
+                              double *launch_us) {
+  void *exec;
+  fattn__plan_target t;
+  if (fattn__graph_for(ctx, b, &exec, &t)) {
+    fprintf(stderr, "graph: %s\n", fattn_detail(ctx));
+    exit(1);
+  }
+  const double t0 = fattn_bench_now();
+  if (fattn__plan_into(ctx, b, stream, &t)) {
+    fprintf(stderr, "graph plan: %s\n", fattn_detail(ctx));
+    exit(1);
+  }
+  const double t1 = fattn_bench_now();
+  const cudaError_t e = cudaGraphLaunch((cudaGraphExec_t)exec, (cudaStream_t)stream);
+  const double t2 = fattn_bench_now();
+  if (e != cudaSuccess) {
+    fprintf(stderr, "cudaGraphLaunch: %s\n", cudaGetErrorString(e));
+    exit(1);
+  }
+  *plan_us = (t1 - t0) * 1e6, *launch_us = (t2 - t1) * 1e6;
+}
+
 /* What the graph path does each call, each half timed on its own: the plan into the bucket's
  * area and cudaGraphLaunch, with the staging slots taken and the waits for one. */
 typedef struct graph_times {
@@ -83,12 +106,6 @@ static graph_times time_graph(fattn_ctx *ctx, uint32_t bs, uint32_t *ids, graph_
   b.seq_ids = ids;
   for (uint32_t i = 0; i < bs; i++) short_kv[i] = 64;
   if (w == GRAPH_SHORT_KV) b.kv_lens = short_kv;
-  void *exec;
-  fattn__plan_target t;
-  if (fattn__graph_for(ctx, &b, &exec, &t)) {
-    fprintf(stderr, "graph: %s\n", fattn_detail(ctx));
-    exit(1);
-  }
   const uint64_t taken0 = ctx->ring_taken, waits0 = ctx->staging_waits;
   for (int r = 0; r < RUNS; r++) {
     if (w != GRAPH_SHORT_KV)
@@ -99,16 +116,7 @@ static graph_times time_graph(fattn_ctx *ctx, uint32_t bs, uint32_t *ids, graph_
         fattn_seq_reserve(ctx, ids[i], len);
       }
     cudaStreamSynchronize((cudaStream_t)stream);
-    double t0 = fattn_bench_now();
-    fattn_status st = fattn__plan_into(ctx, &b, stream, &t);
-    double t1 = fattn_bench_now();
-    cudaError_t e = cudaGraphLaunch((cudaGraphExec_t)exec, (cudaStream_t)stream);
-    double t2 = fattn_bench_now();
-    if (st || e != cudaSuccess) {
-      fprintf(stderr, "graph: %s %s\n", fattn_detail(ctx), cudaGetErrorString(e));
-      exit(1);
-    }
-    tp[r] = (t1 - t0) * 1e6, tl[r] = (t2 - t1) * 1e6;
+    fattn_bench_graph_halves(ctx, &b, stream, &tp[r], &tl[r]);
   }
   cudaStreamSynchronize((cudaStream_t)stream);
   return (graph_times){fattn_bench_median(tp, RUNS), fattn_bench_median(tl, RUNS), (double)(ctx->ring_taken - taken0) / RUNS,

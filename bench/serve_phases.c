@@ -5,7 +5,6 @@
 #include <string.h>
 
 #include "bench/serve.h"
-#include "graph/graph.h"
 
 static void check(fattn_status st, const serve *s, const char *what) {
   if (st == FATTN_OK) return;
@@ -240,9 +239,8 @@ static double host_issue_us(serve *s, const uint32_t *ids, uint32_t bs, int grap
   return fattn_bench_median(t, 21);
 }
 
-/* fattn_graph_launch's halves at bs, timed apart, the device idle before each: the plan into
- * the bucket's area, then cudaGraphLaunch of the captured step (the bucket lookup before them
- * untimed); medians of 21. */
+/* fattn_graph_launch's halves at bs, timed apart (fattn_bench_graph_halves), the device idle
+ * before each; medians of 21. */
 static void launch_halves(serve *s, const uint32_t *ids, uint32_t bs, double *plan_us, double *api_us) {
   double tp[21], tl[21];
   const fattn_batch b = decode_batch(ids, bs);
@@ -250,19 +248,7 @@ static void launch_halves(serve *s, const uint32_t *ids, uint32_t bs, double *pl
   for (int i = 0; i < 21; i++) {
     grow(s, ids, bs, 1);
     cudaStreamSynchronize(s->stream);
-    void *exec;
-    fattn__plan_target t;
-    check(fattn__graph_for(s->ctx, &b, &exec, &t), s, "fattn__graph_for");
-    const double t0 = fattn_bench_now();
-    check(fattn__plan_into(s->ctx, &b, s->stream, &t), s, "fattn__plan_into");
-    const double t1 = fattn_bench_now();
-    const cudaError_t e = cudaGraphLaunch((cudaGraphExec_t)exec, s->stream);
-    const double t2 = fattn_bench_now();
-    if (e != cudaSuccess) {
-      fprintf(stderr, "cudaGraphLaunch: %s\n", cudaGetErrorString(e));
-      exit(1);
-    }
-    tp[i] = (t1 - t0) * 1e6, tl[i] = (t2 - t1) * 1e6;
+    fattn_bench_graph_halves(s->ctx, &b, s->stream, &tp[i], &tl[i]);
   }
   cudaStreamSynchronize(s->stream);
   *plan_us = fattn_bench_median(tp, 21), *api_us = fattn_bench_median(tl, 21);
