@@ -158,6 +158,8 @@ fattn_status fattn_seq_fork(fattn_ctx *ctx, uint32_t src, uint32_t num_tokens, u
   }
   p->seqs[id].npages = n;
   p->seqs[id].len = num_tokens;
+  p->seqs[id].shared = n;
+  if (p->seqs[src].shared < n) p->seqs[src].shared = n;
   mark(p, id, 0, n);
   *dst = id;
   return FATTN_OK;
@@ -172,6 +174,7 @@ static void shrink(fattn__pages *p, uint32_t seq, uint32_t num_tokens) {
   for (uint32_t i = keep; i < s->npages; i++) row[i] = FATTN__PAGE_NONE;
   mark(p, seq, keep, s->npages);
   s->npages = keep;
+  if (s->shared > keep) s->shared = keep;
   s->len = num_tokens;
 }
 
@@ -265,6 +268,14 @@ fattn_status fattn_check(fattn_ctx *ctx) {
   if (open != fattn__seqs_open(p))
     return fattn__fail(ctx, FATTN_ERR_CORRUPT, "%u sequences open, %u ids handed out", open, fattn__seqs_open(p));
   if (p->caller_owned) return FATTN_OK;
+  for (uint32_t q = 0; q < p->max_seqs; q++) { /* the planner skips the refcounts past `shared` */
+    const fattn__seq *s = &p->seqs[q];
+    const uint32_t *row = p->table + (size_t)q * p->pages_per_seq;
+    for (uint32_t i = s->shared; s->open && i < s->npages; i++)
+      if (refs[row[i]] > 1)
+        return fattn__fail(ctx, FATTN_ERR_CORRUPT, "sequence %u entry %u: page %u is shared, past its bound %u", q,
+                           i, row[i], s->shared);
+  }
   uint32_t owned = 0;
   for (uint32_t pg = 0; pg < p->num_pages; pg++) {
     if (refs[pg] != p->refcount[pg])

@@ -105,9 +105,12 @@ static inline fattn_status check_entry(fattn_ctx *ctx, const entry_src *s, uint3
   if (kv > len)
     return fattn__fail(ctx, FATTN_ERR_INVALID, "batch entry %u: kv_len %u over sequence %u's %u reserved slots", i,
                        kv, seq, len);
-  if (s->check_shared && nw) { /* a write into a shared page would change the other sequences too */
+  /* A write into a shared page would change the other sequences too; past the sequence's
+   * `shared` bound every page is its own, so most entries read no page-table word here. */
+  const uint32_t first_new = (kv - nw) >> s->page_shift;
+  if (s->check_shared && nw && first_new < s->seqs[seq].shared) {
     const uint32_t *row = s->table + (size_t)seq * s->pages_per_seq;
-    for (uint32_t pg = (kv - nw) >> s->page_shift; pg <= (kv - 1) >> s->page_shift; pg++)
+    for (uint32_t pg = first_new; pg <= (kv - 1) >> s->page_shift; pg++)
       if (s->refcount[row[pg]] > 1)
         return fattn__fail(ctx, FATTN_ERR_INVALID,
                            "batch entry %u: new slots of sequence %u lie in page %u, shared with a fork", i, seq,
@@ -136,7 +139,8 @@ static fattn_status check_mask(fattn_ctx *ctx, const fattn_batch *b, uint32_t *r
   return FATTN_OK;
 }
 
-static fattn_status validate(fattn_ctx *ctx, const fattn_batch *b, uint32_t cap_entries, plan_info *info) {
+/* The batch's own checks, before any entry: no state is read but the config's. */
+static fattn_status check_batch(fattn_ctx *ctx, const fattn_batch *b, uint32_t cap_entries, plan_info *info) {
   const fattn_config *c = &ctx->n.cfg;
   if (!b) return fattn__fail(ctx, FATTN_ERR_INVALID, "batch must not be NULL");
   if (b->struct_size < sizeof(fattn_batch))
@@ -157,22 +161,34 @@ static fattn_status validate(fattn_ctx *ctx, const fattn_batch *b, uint32_t cap_
   if (n > cap_entries)
     return fattn__fail(ctx, FATTN_ERR_INVALID, "%u entries: over the %u this plan target holds", n, cap_entries);
   memset(info, 0, sizeof *info);
-  fattn_status st = check_mask(ctx, b, &info->mask_rows);
-  if (st) return st;
   info->entries = n;
-  const uint32_t stamp = ++ctx->plan_stamp;
+  return check_mask(ctx, b, &info->mask_rows);
+}
+
+/* Checks every entry and, where `out` is given, writes each one as it passes (one pass over
+ * the batch and the sequence records); sums the step's counts into info. */
+static fattn_status check_entries(fattn_ctx *ctx, const fattn_batch *b, plan_info *info, fattn__entry *out) {
+  const fattn_config *c = &ctx->n.cfg;
+  const uint32_t n = info->entries, stamp = ++ctx->plan_stamp;
   const entry_src src = entry_src_of(ctx, b);
+  const uint32_t mask_step = info->mask_rows ? c->spec_draft_tokens : 0u; /* 0: every row UINT32_MAX */
+  uint32_t mask_row = mask_step ? 0u : UINT32_MAX;
+  fattn__seq *seqs = ctx->pages.seqs;
   uint64_t q_tokens = 0, new_tokens = 0;
   uint32_t tiles = 0;
+  fattn_status st;
   for (uint32_t i = 0; i < n; i++) {
     entry_lens L = {0, 0, 0};
     if ((st = check_entry(ctx, &src, stamp, i, &L))) return st;
-    ctx->pages.seqs[src.seq_ids[i]].stamp = stamp;
+    seqs[src.seq_ids[i]].stamp = stamp;
+    if (out)
+      out[i] = (fattn__entry){.seq = src.seq_ids[i], .q_len = L.q, .kv_len = L.kv, .new_len = L.nw,
+                              .mask_row = mask_row};
+    mask_row += mask_step;
     q_tokens += L.q;
     new_tokens += L.nw;
     tiles += fattn__ceil_div(L.q, FATTN__Q_TILE);
   }
-  info->tiles = tiles;
   if (q_tokens > c->max_q_tokens)
     return fattn__fail(ctx, FATTN_ERR_INVALID, "%llu query tokens: over max_q_tokens %u",
                        (unsigned long long)q_tokens, c->max_q_tokens);
@@ -180,6 +196,7 @@ static fattn_status validate(fattn_ctx *ctx, const fattn_batch *b, uint32_t cap_
     return fattn__fail(ctx, FATTN_ERR_INVALID, "%llu new KV tokens: too many", (unsigned long long)new_tokens);
   info->q_tokens = (uint32_t)q_tokens;
   info->new_tokens = (uint32_t)new_tokens;
+  info->tiles = tiles;
   return FATTN_OK;
 }
 
@@ -311,38 +328,59 @@ void fattn__step_bind(fattn_ctx *ctx, fattn_mode mode, uint8_t *area, uint32_t c
                             (uint64_t *)(area + fattn__area_mask_off(cap_entries))};
 }
 
+/* Whether the pending page-table changes fit the step's own slot (the usual case; not after
+ * bulk forks or re-maps). Page copies bound for a graph never do: its prep node runs none. */
+static int changes_fit(const fattn_ctx *ctx, const fattn__plan_target *t) {
+  const fattn__pages *p = &ctx->pages;
+  if (p->num_dirty > ctx->lay.cap_updates || (t->box && p->num_copies)) return 0;
+  uint64_t words = 0;
+  for (uint32_t i = 0; i < p->num_dirty; i++) words += p->seqs[p->dirty[i]].dirty_hi - p->seqs[p->dirty[i]].dirty_lo;
+  return words <= ctx->lay.cap_words;
+}
+
+static fattn__entry *slot_entries(uint8_t *slot) { return (fattn__entry *)(slot + fattn__area_entries_off()); }
+
 fattn_status fattn__plan_into(fattn_ctx *ctx, const fattn_batch *b, void *stream,
                               const fattn__plan_target *t) {
   if (!ctx) return FATTN_ERR_INVALID;
   plan_info info;
   uint32_t cap = t->cap_entries ? t->cap_entries : ctx->n.max_entries;
-  fattn_status st = validate(ctx, b, cap, &info);
+  fattn_status st = check_batch(ctx, b, cap, &info);
   if (st) return st;
   uint8_t *slot = NULL;
   uint32_t index = 0;
-  ctx->step.planned = 0;
-  /* Changes beyond one slot's room go first, in slots that carry no entries; so do page
-   * copies bound for a graph, whose prep node launches no copy kernel. */
-  while (1) {
+  if (changes_fit(ctx, t)) { /* entries checked straight into the slot; a rejected batch gives it back */
+    const uint32_t ring_next = ctx->ring_next;
+    const uint64_t ring_taken = ctx->ring_taken;
     if ((st = take_slot(ctx, stream, &slot, &index))) return st;
-    fattn__step_hdr *h = (fattn__step_hdr *)slot;
-    fill_header(ctx, h, b->mode);
-    stage_changes(ctx, slot, h);
-    if (ctx->pages.num_dirty == 0 && !(t->box && h->num_page_copies)) break;
-    const fattn__plan_target inplace = {NULL, 0, 0, NULL};
-    if ((st = submit(ctx, slot, index, &inplace, stream))) return st;
+    if ((st = check_entries(ctx, b, &info, slot_entries(slot)))) {
+      ctx->ring_next = ring_next;
+      ctx->ring_taken = ring_taken;
+      return st;
+    }
+    ctx->step.planned = 0;
+    fill_header(ctx, (fattn__step_hdr *)slot, b->mode);
+    stage_changes(ctx, slot, (fattn__step_hdr *)slot);
+  } else {
+    if ((st = check_entries(ctx, b, &info, NULL))) return st;
+    ctx->step.planned = 0;
+    /* Changes beyond one slot's room go first, in slots that carry no entries; so do page
+     * copies bound for a graph, whose prep node launches no copy kernel. */
+    while (1) {
+      if ((st = take_slot(ctx, stream, &slot, &index))) return st;
+      fattn__step_hdr *h = (fattn__step_hdr *)slot;
+      fill_header(ctx, h, b->mode);
+      stage_changes(ctx, slot, h);
+      if (ctx->pages.num_dirty == 0 && !(t->box && h->num_page_copies)) break;
+      const fattn__plan_target inplace = {NULL, 0, 0, NULL};
+      if ((st = submit(ctx, slot, index, &inplace, stream))) return st;
+    }
+    /* The same batch over the same records: passes again, now writing the entries. */
+    if ((st = check_entries(ctx, b, &info, slot_entries(slot)))) return st;
   }
   fattn__step_hdr *h = (fattn__step_hdr *)slot;
-  h->num_entries = info.entries;
+  fattn__entry *e = slot_entries(slot);
   h->num_mask_rows = info.mask_rows;
-  fattn__entry *e = (fattn__entry *)(slot + fattn__area_entries_off());
-  const entry_src src = entry_src_of(ctx, b);
-  const uint32_t mask_step = info.mask_rows ? ctx->n.cfg.spec_draft_tokens : 0u;
-  for (uint32_t i = 0; i < info.entries; i++) {
-    const entry_lens L = lens_of(&src, i);
-    e[i] = (fattn__entry){.seq = src.seq_ids[i], .q_len = L.q, .kv_len = L.kv, .new_len = L.nw,
-                          .mask_row = mask_step ? i * mask_step : UINT32_MAX};
-  }
   h->num_live = info.entries;
   uint32_t padded = t->dst ? t->cap_entries : info.entries;
   for (uint32_t i = info.entries; i < padded; i++) /* kv_len 0: sees nothing, writes zeros */

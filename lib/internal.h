@@ -68,6 +68,7 @@ typedef struct fattn__seq {
   uint32_t dirty_lo; /* page-table entries [dirty_lo, dirty_hi) not yet shipped */
   uint32_t dirty_hi;
   uint32_t stamp;    /* last plan that named it, to find duplicates */
+  uint32_t shared;   /* entries [0, shared) may be shared with a fork; later ones are its own */
   uint8_t open;
   uint8_t listed;    /* in the dirty list */
   uint8_t pad[2];

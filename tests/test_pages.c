@@ -109,6 +109,8 @@ START_TEST(fork_shares_and_copies_on_write) {
   const uint32_t *rb = ctx->pages.table + (size_t)b * ctx->pages.pages_per_seq;
   for (int i = 0; i < 3; i++) ck_assert_uint_eq(ra[i], rb[i]);
   ck_assert_uint_eq(ctx->pages.refcount[ra[2]], 2);
+  ck_assert_uint_eq(ctx->pages.seqs[a].shared, 3); /* both sides may share pages 0..2 */
+  ck_assert_uint_eq(ctx->pages.seqs[b].shared, 3);
   CHECKED(fattn_seq_reserve(ctx, b, 11)); /* writes into the shared tail: private copy */
   ck_assert_uint_ne(ra[2], rb[2]);
   ck_assert_uint_eq(ra[1], rb[1]);
@@ -121,6 +123,7 @@ START_TEST(fork_shares_and_copies_on_write) {
   ck_assert_uint_eq(ctx->pages.num_copies, 1);
   CHECKED(fattn_seq_close(ctx, a));
   CHECKED(fattn_seq_truncate(ctx, b, 2));
+  ck_assert_uint_eq(ctx->pages.seqs[b].shared, 1); /* truncation lowers the bound */
   ck_assert_ok(fattn_destroy(ctx, 1));
 }
 END_TEST
@@ -155,6 +158,13 @@ START_TEST(check_catches_corruption) {
   ctx->pages.table[3] = 5;
   ck_assert_status(fattn_check(ctx), FATTN_ERR_CORRUPT);
   ctx->pages.table[3] = FATTN__PAGE_NONE;
+  uint32_t f;
+  CHECKED(fattn_seq_fork(ctx, a, 8, &f));
+  ctx->pages.seqs[f].shared = 1; /* page 1 is shared past the fork's bound */
+  ck_assert_status(fattn_check(ctx), FATTN_ERR_CORRUPT);
+  ck_assert_msg(strstr(fattn_detail(ctx), "past its bound"), "%s", fattn_detail(ctx));
+  ctx->pages.seqs[f].shared = 2;
+  ck_assert_ok(fattn_check(ctx));
   ctx->pages.free_stack[0] = ctx->pages.free_stack[1];
   ck_assert_status(fattn_check(ctx), FATTN_ERR_CORRUPT);
   ck_assert_ok(fattn_destroy(ctx, 1));

@@ -39,7 +39,9 @@ static uint32_t seq_with(uint32_t len) {
   do {                                                                              \
     uint8_t *before_, *after_;                                                      \
     size_t n_ = fattn_test_snapshot(ctx, &before_);                                 \
+    const uint64_t taken_ = ctx->ring_taken; /* a rejected batch gives its slot back */ \
     ck_assert_status(fattn_plan(ctx, (batch), NULL), (status));                    \
+    ck_assert_uint_eq(ctx->ring_taken, taken_);                                     \
     ck_assert_msg(strstr(fattn_detail(ctx), text), "detail '%s' lacks '%s'", fattn_detail(ctx), text); \
     fattn_test_snapshot(ctx, &after_);                                              \
     ck_assert_msg(memcmp(before_, after_, n_) == 0, "rejected plan changed state"); \
@@ -126,6 +128,11 @@ START_TEST(rejects_bad_batches_unchanged) {
   ck_assert_ok(fattn_seq_fork(ctx, a, 10, &f));
   y = x, y.num_seqs = 1, y.kv_lens = NULL; /* decode at slot 9 of a */
   REJECT(&y, FATTN_ERR_INVALID, "new slots of sequence 0 lie in page");
+  y.seq_ids = &f; /* and of the fork */
+  REJECT(&y, FATTN_ERR_INVALID, "lie in page");
+  ck_assert_ok(fattn_seq_close(ctx, f)); /* a's bound still covers the page, now its own */
+  y.seq_ids = &a;
+  ck_assert_ok(fattn_plan(ctx, &y, NULL));
   ck_assert_ok(fattn_destroy(ctx, 1));
   /* modes the config did not enable */
   open_ctx(0);
@@ -278,6 +285,12 @@ START_TEST(large_changes_take_several_slots) {
   uint32_t slots = (ctx->ring_next + ctx->n.staging_slots - ring) % ctx->n.staging_slots;
   ck_assert_uint_ge(slots, 3); /* 20480 words over slots of cap_words */
   ck_assert_uint_eq(ctx->pages.num_dirty, 0);
+  for (uint32_t i = 0; i < 5; i++) { /* the step's own slot, taken last, carries the entries */
+    const fattn__entry *e = &ctx->step.entries[i];
+    ck_assert_uint_eq(e->seq, ids[i]);
+    ck_assert_uint_eq(e->q_len, 1);
+    ck_assert_uint_eq(e->kv_len, 4096);
+  }
   ck_assert_int_eq(memcmp(ctx->dev + ctx->lay.dev_off[FATTN_REGION_PAGE_TABLE], ctx->pages.table,
                           (size_t)ctx->pages.max_seqs * ctx->pages.pages_per_seq * 4), 0);
   ck_assert_ok(fattn_check(ctx));
