@@ -195,10 +195,12 @@ void fattn_bench_spec_round(serve *s, serve_result *r) {
 
 /* Host time of fattn_graph_launch as a serving loop sees it: the step before is still on the
  * device and the host spins (as a busy scheduler would) until the one before that is done, so
- * one step runs while the next is planned. Staging waits are counted: they must stay 0. */
-static double launch_while_busy(serve *s, const uint32_t *ids, uint32_t bs, uint64_t *waits) {
+ * one step runs while the next is planned. Staging waits are counted: they must stay 0. With
+ * `halves`, the same calls timed as their two halves apart (fattn_bench_graph_halves): the
+ * plan into halves[0], cudaGraphLaunch into halves[1]; the return is then their sum. */
+static double launch_while_busy(serve *s, const uint32_t *ids, uint32_t bs, uint64_t *waits, double halves[2]) {
   const fattn_batch batch = decode_batch(ids, bs), *b = &batch;
-  double t[21];
+  double t[21], tp[21], tl[21];
   cudaEvent_t ev[2];
   for (int i = 0; i < 2; i++) cudaEventCreateWithFlags(&ev[i], cudaEventDisableTiming);
   fattn_stats st0 = FATTN_STATS_INIT, st1 = FATTN_STATS_INIT;
@@ -208,9 +210,14 @@ static double launch_while_busy(serve *s, const uint32_t *ids, uint32_t bs, uint
   fattn_get_stats(s->ctx, &st0);
   for (int i = 0; i < 21; i++) {
     grow(s, b->seq_ids, b->num_seqs, 1);
-    double t0 = fattn_bench_now();
-    check(fattn_graph_launch(s->ctx, b, s->stream), s, "fattn_graph_launch");
-    t[i] = (fattn_bench_now() - t0) * 1e6;
+    if (halves) {
+      fattn_bench_graph_halves(s->ctx, b, s->stream, &tp[i], &tl[i]);
+      t[i] = tp[i] + tl[i];
+    } else {
+      double t0 = fattn_bench_now();
+      check(fattn_graph_launch(s->ctx, b, s->stream), s, "fattn_graph_launch");
+      t[i] = (fattn_bench_now() - t0) * 1e6;
+    }
     cudaEventRecord(ev[(i + 1) % 2], s->stream);
     while (cudaEventQuery(ev[i % 2]) == cudaErrorNotReady) {
     }
@@ -219,6 +226,7 @@ static double launch_while_busy(serve *s, const uint32_t *ids, uint32_t bs, uint
   cudaStreamSynchronize(s->stream);
   for (int i = 0; i < 2; i++) cudaEventDestroy(ev[i]);
   *waits = st1.staging_waits - st0.staging_waits;
+  if (halves) halves[0] = fattn_bench_median(tp, 21), halves[1] = fattn_bench_median(tl, 21);
   return fattn_bench_median(t, 21);
 }
 
@@ -273,7 +281,10 @@ void fattn_bench_batch_sweep(serve *s, serve_result *r) {
     }
     if (bs == 256) { /* host side of plan + launch */
       r->launch_host_us_bs256 = host_issue_us(s, ids, bs, 1);
-      r->launch_busy_us_bs256 = launch_while_busy(s, ids, bs, &r->launch_busy_waits);
+      r->launch_busy_us_bs256 = launch_while_busy(s, ids, bs, &r->launch_busy_waits, NULL);
+      uint64_t more_waits;
+      launch_while_busy(s, ids, bs, &more_waits, r->launch_busy_halves_us_bs256);
+      r->launch_busy_waits += more_waits;
       launch_halves(s, ids, bs, &r->launch_plan_us_bs256, &r->launch_api_us_bs256);
     }
     printf("  bs %3u: eager %.3f ms, graph %.3f ms (%.2fx)\n", bs, r->sweep_eager_ms[k], r->sweep_graph_ms[k],
