@@ -275,9 +275,12 @@ START_TEST(large_changes_take_several_slots) {
   for (int i = 0; i < 5; i++) ids[i] = seq_with(4096); /* 20480 changed entries */
   ck_assert_uint_gt(5u * 4096u, 2u * cap);
   fattn_stats before = FATTN_STATS_INIT, after = FATTN_STATS_INIT;
+  fattn_batch b = FATTN_BATCH_INIT;
+  uint32_t twice[2] = {ids[0], ids[0]};
+  b.num_seqs = 2, b.seq_ids = twice; /* rejected before any change is shipped */
+  REJECT(&b, FATTN_ERR_INVALID, "appears twice");
   fattn_get_stats(ctx, &before);
   uint32_t ring = ctx->ring_next;
-  fattn_batch b = FATTN_BATCH_INIT;
   b.num_seqs = 5, b.seq_ids = ids;
   ck_assert_ok(fattn_plan(ctx, &b, NULL));
   fattn_get_stats(ctx, &after);
