@@ -193,6 +193,10 @@ void fattn_bench_spec_round(serve *s, serve_result *r) {
   s->run_layers = s->layers;
 }
 
+/* Calls a host-time median is taken over: the host's slow phases (session 13 on) move a median
+ * of 21 by several us; each call grows the bs 256 sequences by a token, 4 loops of them. */
+enum { HOST_RUNS = 61 };
+
 /* Host time of fattn_graph_launch as a serving loop sees it: the step before is still on the
  * device and the host spins (as a busy scheduler would) until the one before that is done, so
  * one step runs while the next is planned. Staging waits are counted: they must stay 0. With
@@ -200,7 +204,7 @@ void fattn_bench_spec_round(serve *s, serve_result *r) {
  * plan into halves[0], cudaGraphLaunch into halves[1]; the return is then their sum. */
 static double launch_while_busy(serve *s, const uint32_t *ids, uint32_t bs, uint64_t *waits, double halves[2]) {
   const fattn_batch batch = decode_batch(ids, bs), *b = &batch;
-  double t[21], tp[21], tl[21];
+  double t[HOST_RUNS], tp[HOST_RUNS], tl[HOST_RUNS];
   cudaEvent_t ev[2];
   for (int i = 0; i < 2; i++) cudaEventCreateWithFlags(&ev[i], cudaEventDisableTiming);
   fattn_stats st0 = FATTN_STATS_INIT, st1 = FATTN_STATS_INIT;
@@ -208,7 +212,7 @@ static double launch_while_busy(serve *s, const uint32_t *ids, uint32_t bs, uint
   check(fattn_graph_launch(s->ctx, b, s->stream), s, "fattn_graph_launch");
   cudaEventRecord(ev[0], s->stream);
   fattn_get_stats(s->ctx, &st0);
-  for (int i = 0; i < 21; i++) {
+  for (int i = 0; i < HOST_RUNS; i++) {
     grow(s, b->seq_ids, b->num_seqs, 1);
     if (halves) {
       fattn_bench_graph_halves(s->ctx, b, s->stream, &tp[i], &tl[i]);
@@ -226,17 +230,17 @@ static double launch_while_busy(serve *s, const uint32_t *ids, uint32_t bs, uint
   cudaStreamSynchronize(s->stream);
   for (int i = 0; i < 2; i++) cudaEventDestroy(ev[i]);
   *waits = st1.staging_waits - st0.staging_waits;
-  if (halves) halves[0] = fattn_bench_median(tp, 21), halves[1] = fattn_bench_median(tl, 21);
-  return fattn_bench_median(t, 21);
+  if (halves) halves[0] = fattn_bench_median(tp, HOST_RUNS), halves[1] = fattn_bench_median(tl, HOST_RUNS);
+  return fattn_bench_median(t, HOST_RUNS);
 }
 
 /* Host microseconds to issue one decode step of bs requests (eager: plan and every layer's
- * calls; graph: fattn_graph_launch), the device idle before each: median of 21. */
+ * calls; graph: fattn_graph_launch), the device idle before each: median of HOST_RUNS. */
 static double host_issue_us(serve *s, const uint32_t *ids, uint32_t bs, int graph) {
-  double t[21];
+  double t[HOST_RUNS];
   const fattn_batch b = decode_batch(ids, bs);
   s->tokens = bs;
-  for (int i = 0; i < 21; i++) {
+  for (int i = 0; i < HOST_RUNS; i++) {
     grow(s, ids, bs, 1);
     cudaStreamSynchronize(s->stream);
     double t0 = fattn_bench_now();
@@ -244,22 +248,22 @@ static double host_issue_us(serve *s, const uint32_t *ids, uint32_t bs, int grap
     t[i] = (fattn_bench_now() - t0) * 1e6;
   }
   cudaStreamSynchronize(s->stream);
-  return fattn_bench_median(t, 21);
+  return fattn_bench_median(t, HOST_RUNS);
 }
 
 /* fattn_graph_launch's halves at bs, timed apart (fattn_bench_graph_halves), the device idle
- * before each; medians of 21. */
+ * before each; medians of HOST_RUNS. */
 static void launch_halves(serve *s, const uint32_t *ids, uint32_t bs, double *plan_us, double *api_us) {
-  double tp[21], tl[21];
+  double tp[HOST_RUNS], tl[HOST_RUNS];
   const fattn_batch b = decode_batch(ids, bs);
   s->tokens = bs;
-  for (int i = 0; i < 21; i++) {
+  for (int i = 0; i < HOST_RUNS; i++) {
     grow(s, ids, bs, 1);
     cudaStreamSynchronize(s->stream);
     fattn_bench_graph_halves(s->ctx, &b, s->stream, &tp[i], &tl[i]);
   }
   cudaStreamSynchronize(s->stream);
-  *plan_us = fattn_bench_median(tp, 21), *api_us = fattn_bench_median(tl, 21);
+  *plan_us = fattn_bench_median(tp, HOST_RUNS), *api_us = fattn_bench_median(tl, HOST_RUNS);
 }
 
 void fattn_bench_batch_sweep(serve *s, serve_result *r) {
