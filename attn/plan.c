@@ -5,7 +5,7 @@
 
 #include "attn/plan.h"
 
-/* What validation learned, so that staging needs no second pass of checks. */
+/* What the checks learned: the step's counts, for its header and the kernels' bounds. */
 typedef struct plan_info {
   uint32_t entries;
   uint32_t q_tokens;
