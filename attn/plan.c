@@ -55,22 +55,25 @@ typedef struct entry_lens {
   uint32_t q, kv, nw;
 } entry_lens;
 
-/* Entry i's lengths, with the batch's defaults. */
-static inline entry_lens lens_of(const entry_src *s, uint32_t i) {
+/* Entry i's lengths, with the batch's defaults. `plain`, a constant where inlined: the batch
+ * gives only seq_ids (no length arrays, not CROSS), as graph and decode steps do. */
+static inline __attribute__((always_inline)) entry_lens lens_of(const entry_src *s, uint32_t i, int plain) {
+  if (plain) return (entry_lens){s->q_default, s->seqs[s->seq_ids[i]].len, s->q_default};
   const uint32_t q = s->q_lens ? s->q_lens[i] : s->q_default;
   return (entry_lens){q, s->kv_lens ? s->kv_lens[i] : s->seqs[s->seq_ids[i]].len,
                       s->cross ? (s->kv_new_lens ? s->kv_new_lens[i] : 0u) : q};
 }
 
-static inline fattn_status check_entry(fattn_ctx *ctx, const entry_src *s, uint32_t stamp, uint32_t i,
-                                       entry_lens *out) {
+static inline __attribute__((always_inline)) fattn_status check_entry(fattn_ctx *ctx, const entry_src *s,
+                                                                       uint32_t stamp, uint32_t i, int plain,
+                                                                       entry_lens *out) {
   const uint32_t seq = s->seq_ids[i];
   if (seq >= s->max_seqs || !s->seqs[seq].open)
     return fattn__fail(ctx, FATTN_ERR_NOT_FOUND, "batch entry %u: sequence %u is not open", i, seq);
   if (s->seqs[seq].stamp == stamp)
     return fattn__fail(ctx, FATTN_ERR_INVALID, "batch entry %u: sequence %u appears twice", i, seq);
   const uint32_t len = s->seqs[seq].len;
-  const entry_lens L = lens_of(s, i);
+  const entry_lens L = lens_of(s, i, plain);
   const uint32_t q = L.q, kv = L.kv, nw = L.nw;
   switch (s->mode) {
     case FATTN_MODE_DECODE:
@@ -167,7 +170,9 @@ static fattn_status check_batch(fattn_ctx *ctx, const fattn_batch *b, uint32_t c
 
 /* Checks every entry and, where `out` is given, writes each one as it passes (one pass over
  * the batch and the sequence records); sums the step's counts into info. */
-static fattn_status check_entries(fattn_ctx *ctx, const fattn_batch *b, plan_info *info, fattn__entry *out) {
+static inline __attribute__((always_inline)) fattn_status check_entries_as(fattn_ctx *ctx, const fattn_batch *b,
+                                                                           plan_info *info, fattn__entry *out,
+                                                                           int plain) {
   const fattn_config *c = &ctx->n.cfg;
   const uint32_t n = info->entries, stamp = ++ctx->plan_stamp;
   const entry_src src = entry_src_of(ctx, b);
@@ -179,7 +184,7 @@ static fattn_status check_entries(fattn_ctx *ctx, const fattn_batch *b, plan_inf
   fattn_status st;
   for (uint32_t i = 0; i < n; i++) {
     entry_lens L = {0, 0, 0};
-    if ((st = check_entry(ctx, &src, stamp, i, &L))) return st;
+    if ((st = check_entry(ctx, &src, stamp, i, plain, &L))) return st;
     seqs[src.seq_ids[i]].stamp = stamp;
     if (out)
       out[i] = (fattn__entry){.seq = src.seq_ids[i], .q_len = L.q, .kv_len = L.kv, .new_len = L.nw,
@@ -198,6 +203,12 @@ static fattn_status check_entries(fattn_ctx *ctx, const fattn_batch *b, plan_inf
   info->new_tokens = (uint32_t)new_tokens;
   info->tiles = tiles;
   return FATTN_OK;
+}
+
+/* check_entries_as compiled twice: for batches of seq_ids alone, and for the rest. */
+static fattn_status check_entries(fattn_ctx *ctx, const fattn_batch *b, plan_info *info, fattn__entry *out) {
+  if (!b->q_lens && !b->kv_lens && b->mode != FATTN_MODE_CROSS) return check_entries_as(ctx, b, info, out, 1);
+  return check_entries_as(ctx, b, info, out, 0);
 }
 
 /* The slot's completion word: its last use's number + 1 once that prep kernel stopped reading it. */
