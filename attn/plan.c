@@ -345,7 +345,10 @@ static int changes_fit(const fattn_ctx *ctx, const fattn__plan_target *t) {
   const fattn__pages *p = &ctx->pages;
   if (p->num_dirty > ctx->lay.cap_updates || (t->box && p->num_copies)) return 0;
   uint64_t words = 0;
-  for (uint32_t i = 0; i < p->num_dirty; i++) words += p->seqs[p->dirty[i]].dirty_hi - p->seqs[p->dirty[i]].dirty_lo;
+  for (uint32_t i = 0; i < p->num_dirty; i++) {
+    const fattn__seq *s = &p->seqs[p->dirty[i]];
+    words += s->dirty_hi - s->dirty_lo;
+  }
   return words <= ctx->lay.cap_words;
 }
 

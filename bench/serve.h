@@ -38,7 +38,7 @@ typedef struct serve_result {
   double kernel_us[3], kernel_us_bs1[3];   /* a layer's store, attend, mix: one-batch run, bs 1 sweep */
   double launch_host_us_bs256;             /* host time of fattn_graph_launch at bs 256, device idle */
   double launch_busy_us_bs256;             /* the same while the step before runs */
-  double launch_plan_us_bs256, launch_api_us_bs256; /* its halves timed apart: plan, cudaGraphLaunch */
+  double launch_idle_halves_us_bs256[2];   /* its halves timed apart, device idle: plan, cudaGraphLaunch */
   double launch_busy_halves_us_bs256[2];   /* the same halves while the step before runs */
   uint64_t launch_busy_waits;              /* staging waits during those launches */
   double eager_issue_us_bs1;               /* host time to issue one eager step at bs 1, device idle */

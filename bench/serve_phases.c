@@ -235,35 +235,27 @@ static double launch_while_busy(serve *s, const uint32_t *ids, uint32_t bs, uint
 }
 
 /* Host microseconds to issue one decode step of bs requests (eager: plan and every layer's
- * calls; graph: fattn_graph_launch), the device idle before each: median of HOST_RUNS. */
-static double host_issue_us(serve *s, const uint32_t *ids, uint32_t bs, int graph) {
-  double t[HOST_RUNS];
+ * calls; graph: fattn_graph_launch), the device idle before each: median of HOST_RUNS. With
+ * `halves` (graph only), fattn_graph_launch's two halves timed apart as in launch_while_busy. */
+static double host_issue_us(serve *s, const uint32_t *ids, uint32_t bs, int graph, double halves[2]) {
+  double t[HOST_RUNS], tp[HOST_RUNS], tl[HOST_RUNS];
   const fattn_batch b = decode_batch(ids, bs);
   s->tokens = bs;
   for (int i = 0; i < HOST_RUNS; i++) {
     grow(s, ids, bs, 1);
     cudaStreamSynchronize(s->stream);
-    double t0 = fattn_bench_now();
-    fattn_bench_issue(s, &b, graph);
-    t[i] = (fattn_bench_now() - t0) * 1e6;
+    if (halves) {
+      fattn_bench_graph_halves(s->ctx, &b, s->stream, &tp[i], &tl[i]);
+      t[i] = tp[i] + tl[i];
+    } else {
+      double t0 = fattn_bench_now();
+      fattn_bench_issue(s, &b, graph);
+      t[i] = (fattn_bench_now() - t0) * 1e6;
+    }
   }
   cudaStreamSynchronize(s->stream);
+  if (halves) halves[0] = fattn_bench_median(tp, HOST_RUNS), halves[1] = fattn_bench_median(tl, HOST_RUNS);
   return fattn_bench_median(t, HOST_RUNS);
-}
-
-/* fattn_graph_launch's halves at bs, timed apart (fattn_bench_graph_halves), the device idle
- * before each; medians of HOST_RUNS. */
-static void launch_halves(serve *s, const uint32_t *ids, uint32_t bs, double *plan_us, double *api_us) {
-  double tp[HOST_RUNS], tl[HOST_RUNS];
-  const fattn_batch b = decode_batch(ids, bs);
-  s->tokens = bs;
-  for (int i = 0; i < HOST_RUNS; i++) {
-    grow(s, ids, bs, 1);
-    cudaStreamSynchronize(s->stream);
-    fattn_bench_graph_halves(s->ctx, &b, s->stream, &tp[i], &tl[i]);
-  }
-  cudaStreamSynchronize(s->stream);
-  *plan_us = fattn_bench_median(tp, HOST_RUNS), *api_us = fattn_bench_median(tl, HOST_RUNS);
 }
 
 void fattn_bench_batch_sweep(serve *s, serve_result *r) {
@@ -280,16 +272,16 @@ void fattn_bench_batch_sweep(serve *s, serve_result *r) {
     fattn_bench_capture(s, FATTN_MODE_DECODE, bs, bs, s->layers);
     r->sweep_graph_ms[k] = decode_steps(s, ids, bs, 16, 1);
     if (bs == 1) {
-      r->eager_issue_us_bs1 = host_issue_us(s, ids, bs, 0);
+      r->eager_issue_us_bs1 = host_issue_us(s, ids, bs, 0, NULL);
       kernel_sum_ms(s, r->kernel_us_bs1); /* over host_issue_us's last eager plan */
     }
     if (bs == 256) { /* host side of plan + launch */
-      r->launch_host_us_bs256 = host_issue_us(s, ids, bs, 1);
+      r->launch_host_us_bs256 = host_issue_us(s, ids, bs, 1, NULL);
       r->launch_busy_us_bs256 = launch_while_busy(s, ids, bs, &r->launch_busy_waits, NULL);
       uint64_t more_waits;
       launch_while_busy(s, ids, bs, &more_waits, r->launch_busy_halves_us_bs256);
       r->launch_busy_waits += more_waits;
-      launch_halves(s, ids, bs, &r->launch_plan_us_bs256, &r->launch_api_us_bs256);
+      host_issue_us(s, ids, bs, 1, r->launch_idle_halves_us_bs256);
     }
     printf("  bs %3u: eager %.3f ms, graph %.3f ms (%.2fx)\n", bs, r->sweep_eager_ms[k], r->sweep_graph_ms[k],
            r->sweep_eager_ms[k] / r->sweep_graph_ms[k]);

@@ -78,8 +78,8 @@ void fattn_bench_report(serve *s, const serve_result *r) {
            r->launch_host_us_bs256, r->launch_busy_us_bs256, (unsigned long long)r->launch_busy_waits);
     printf("    timed apart: the plan %.2f us, cudaGraphLaunch of the %u-layer step %.2f us with the device idle; "
            "%.2f and %.2f us while the step before runs\n",
-           r->launch_plan_us_bs256, s->layers, r->launch_api_us_bs256, r->launch_busy_halves_us_bs256[0],
-           r->launch_busy_halves_us_bs256[1]);
+           r->launch_idle_halves_us_bs256[0], s->layers, r->launch_idle_halves_us_bs256[1],
+           r->launch_busy_halves_us_bs256[0], r->launch_busy_halves_us_bs256[1]);
     plot(r);
   } else {
     printf("  graph targets need a CUDA device (this run was eager on the CPU backend)\n");
