@@ -1,6 +1,6 @@
 /* fuzz_pages.c: libFuzzer harness of the page allocator. Input bytes pick a small CPU
- * context, then a sequence of open/reserve/fork/truncate/close/DECODE-plan operations that
- * run on the real allocator and on a shadow model; any difference traps. */
+ * context (fattn's pages or the caller's), then open/reserve/fork/truncate/close/map/DECODE-plan
+ * operations that run on the real allocator and on a shadow model; any difference traps. */
 #include "fuzz/common.h"
 
 #define MAX_SEQS 64
@@ -19,7 +19,8 @@ typedef struct shadow_seq {
 } shadow_seq;
 
 typedef struct shadow {
-  uint32_t page_size, num_pages, max_seqs, max_seq_len, max_batch, max_q_tokens, cap_copies;
+  int caller_owned; /* FATTN_FLAG_CALLER_PAGES: pages come from fattn_seq_map, no refcounts */
+  uint32_t page_size, pages_per_seq, num_pages, max_seqs, max_seq_len, max_batch, max_q_tokens, cap_copies;
   uint32_t pending_copies; /* copy-on-write copies the next successful plan ships */
   uint32_t refcount[MAX_PAGES];
   shadow_seq seqs[MAX_SEQS];
@@ -31,6 +32,7 @@ static shadow sh;
 static uint32_t pages_for(uint32_t tokens) { return (tokens + sh.page_size - 1) / sh.page_size; }
 
 static uint32_t shadow_free(void) {
+  if (sh.caller_owned) return 0; /* no free stack: every page is the caller's */
   uint32_t n = 0;
   for (uint32_t pg = 0; pg < sh.num_pages; pg++) n += sh.refcount[pg] == 0;
   return n;
@@ -156,6 +158,8 @@ static void op_reserve(uint32_t seq, uint32_t n) {
     want = FATTN_ERR_NOT_FOUND;
   } else if (n > sh.max_seq_len) {
     want = FATTN_ERR_INVALID;
+  } else if (sh.caller_owned) {
+    want = FATTN_ERR_STATE;
   } else if (n > s->len) {
     /* the next slot lands in the shared tail page: it needs a private copy */
     cow = s->len % sh.page_size != 0 && sh.refcount[s->pages[s->npages - 1]] > 1;
@@ -191,6 +195,7 @@ static void op_fork(uint32_t src, uint32_t n) {
   const shadow_seq *s = open_seq(src);
   fattn_status want = FATTN_OK;
   if (!s) want = FATTN_ERR_NOT_FOUND;
+  else if (sh.caller_owned) want = FATTN_ERR_STATE;
   else if (n > s->len) want = FATTN_ERR_INVALID;
   else if (shadow_open_count() == sh.max_seqs) want = FATTN_ERR_CAPACITY;
   uint32_t dst = UINT32_MAX;
@@ -207,7 +212,7 @@ static void op_fork(uint32_t src, uint32_t n) {
 }
 
 static void release_past(shadow_seq *s, uint32_t n) {
-  for (uint32_t i = pages_for(n); i < s->npages; i++) unref(s->pages[i]);
+  for (uint32_t i = pages_for(n); i < s->npages && !sh.caller_owned; i++) unref(s->pages[i]); /* never the caller's */
   s->npages = pages_for(n);
   s->len = n;
 }
@@ -231,6 +236,27 @@ static void op_close(uint32_t seq) {
   if (got != FATTN_OK) return;
   release_past(s, 0);
   s->open = 0;
+}
+
+/* Caller-owned pages: entries [first, first + count) become pages[]; the length grows to the
+ * mapped pages (capped at max_seq_len) and never shrinks here. Page ids may repeat. */
+static void op_map(uint32_t seq, uint32_t first, uint32_t count, const uint32_t *pages) {
+  size_t bytes;
+  uint8_t *before = fuzz_pages_snapshot(&ctx->pages, &bytes);
+  shadow_seq *s = open_seq(seq);
+  fattn_status want = FATTN_OK;
+  if (!s) want = FATTN_ERR_NOT_FOUND;
+  else if (!sh.caller_owned) want = FATTN_ERR_STATE;
+  else if ((count && !pages) || first > s->npages || (uint64_t)first + count > sh.pages_per_seq) want = FATTN_ERR_INVALID;
+  for (uint32_t i = 0; want == FATTN_OK && i < count; i++)
+    if (pages[i] >= sh.num_pages) want = FATTN_ERR_INVALID;
+  fattn_status got = fattn_seq_map(ctx, seq, first, count, pages);
+  expect(got, want, "fattn_seq_map", before, bytes);
+  if (got != FATTN_OK) return;
+  memcpy(s->pages + first, pages, (size_t)count * 4);
+  if (first + count > s->npages) s->npages = first + count;
+  uint64_t len = (uint64_t)s->npages * sh.page_size;
+  s->len = len > sh.max_seq_len ? sh.max_seq_len : (uint32_t)len;
 }
 
 /* A DECODE step: each entry's one new token lands in its tail slot, which must be its own. */
@@ -303,7 +329,9 @@ static const preset presets[] = {
 
 static fattn_ctx *create(fuzz_bytes *in) {
   uint8_t key[32] = {0};
-  key[0] = fuzz_u8(in) % 5;
+  uint8_t b = fuzz_u8(in);
+  key[0] = b % 5;
+  key[2] = b >= 5 * 25; /* about half the inputs: the caller's pages */
   key[1] = fuzz_u8(in) % NUM_PRESETS;
   const preset *pr = &presets[key[1]];
   fattn_config cfg = FATTN_CONFIG_INIT;
@@ -323,12 +351,15 @@ static fattn_ctx *create(fuzz_bytes *in) {
   cfg.max_seqs = pr->seqs;
   cfg.max_batch = pr->batch;
   cfg.max_q_tokens = pr->q_tokens;
+  cfg.flags = key[2] ? FATTN_FLAG_CALLER_PAGES : 0;
   char detail[FATTN__DETAIL_LEN];
   fattn_status st;
   fattn_ctx *c = fuzz_context(key, &cfg, &model, &st, detail, sizeof detail);
   if (!c) FUZZ_FAIL("fattn_create of a small valid config: %s: %s", fattn_status_name(st), detail);
   memset(&sh, 0, sizeof sh);
+  sh.caller_owned = key[2];
   sh.page_size = cfg.page_size;
+  sh.pages_per_seq = (cfg.max_seq_len + cfg.page_size - 1) / cfg.page_size;
   sh.num_pages = cfg.kv_budget_pages;
   sh.max_seqs = cfg.max_seqs;
   sh.max_seq_len = cfg.max_seq_len;
@@ -345,12 +376,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   for (int n = 0; n < MAX_OPS && !fuzz_done(&in); n++) {
     uint8_t op = fuzz_u8(&in);
     uint32_t seq = pick_seq(fuzz_u8(&in));
-    switch (op % 6) {
+    switch (op % 7) {
       case 0: op_open(); compare("fattn_seq_open"); break;
       case 1: op_reserve(seq, pick_len(&in, len_of(seq))); compare("fattn_seq_reserve"); break;
       case 2: op_fork(seq, fuzz_u8(&in) % (len_of(seq) + 2)); compare("fattn_seq_fork"); break;
       case 3: op_truncate(seq, fuzz_u8(&in) % (len_of(seq) + 2)); compare("fattn_seq_truncate"); break;
       case 4: op_close(seq); compare("fattn_seq_close"); break;
+      case 5: {
+        uint32_t pages[MAX_PPS], first = fuzz_u8(&in) % (sh.pages_per_seq + 2), count = fuzz_u8(&in) % 5;
+        uint8_t how = fuzz_u8(&in);
+        if (how == 0xff) first = 0, count = sh.pages_per_seq; /* the whole row at once */
+        for (uint32_t i = 0; i < count; i++) /* mostly in range, some repeated, a few past the pool */
+          pages[i] = how & 1 ? fuzz_u8(&in) % (sh.num_pages + 2) : (how + i) % sh.num_pages;
+        op_map(seq, first, count, how == 0xfe ? NULL : pages);
+        compare("fattn_seq_map");
+        break;
+      }
       default: {
         uint32_t ids[MAX_SEQS + 1], count = fuzz_u8(&in) % (sh.max_batch + 2);
         ids[0] = seq;

@@ -1,7 +1,10 @@
-/* fuzz_plan.c: libFuzzer harness of fattn_plan. Input bytes pick a small CPU context with
- * every mode enabled, shape its sequences, then plan arbitrary batches; the verdict of each
- * is predicted from the header's rules, a rejection must change nothing, an acceptance must
- * leave step metadata that matches the batch. */
+/* fuzz_plan.c: libFuzzer harness of fattn_plan and the calls on its step. Input bytes pick a
+ * small CPU context with every mode enabled, shape its sequences, plan arbitrary batches and
+ * store / attend on them; each verdict is predicted from the header's rules, a rejection must
+ * change nothing, a plan must leave metadata that matches the batch, a store must write its
+ * step's new slots and no other. */
+#include <math.h>
+
 #include "fuzz/common.h"
 
 #define MAX_BATCH 4
@@ -9,6 +12,7 @@
 #define MAX_ENTRIES ((MAX_BATCH + 1) * MAX_TOPK)
 #define MAX_MASK_ROWS ((MAX_BATCH + 1) * FATTN_MAX_DRAFT_TOKENS)
 #define MAX_OPS 64
+#define HEAD_DIM 64 /* one q head, one kv head: pool rows of 64 fp8 bytes */
 
 static fattn_ctx *ctx;
 
@@ -30,7 +34,7 @@ static fattn_ctx *create(fuzz_bytes *in) {
   model.num_layers = 1; /* planning is shape-blind: the smallest model keeps pools tiny */
   model.num_q_heads = 1;
   model.num_kv_heads = 1;
-  model.head_dim = 64;
+  model.head_dim = HEAD_DIM;
   cfg.device = FATTN_DEVICE_CPU;
   cfg.kv_dtype = FATTN_DTYPE_FP8_E4M3;
   cfg.page_size = 1u << (2 * key[0]); /* 1, 4, 16 */
@@ -47,6 +51,10 @@ static fattn_ctx *create(fuzz_bytes *in) {
   fattn_status st;
   fattn_ctx *c = fuzz_context(key, &cfg, &model, &st, detail, sizeof detail);
   if (!c) FUZZ_FAIL("fattn_create of a small valid config: %s: %s", fattn_status_name(st), detail);
+  /* Pools start as whatever the allocation held; step_op wants finite values throughout. */
+  fattn__layer_params l = fattn__layer_params_for(c, 0);
+  memset(l.k_pool, 0, (size_t)l.num_pages * l.page_size * HEAD_DIM);
+  memset(l.v_pool, 0, (size_t)l.num_pages * l.page_size * HEAD_DIM);
   return c;
 }
 
@@ -274,13 +282,99 @@ static void plan_op(fuzz_bytes *in) {
     FUZZ_FAIL("rejected fattn_plan changed the planned step");
 }
 
+/* Values fp8 e4m3 holds exactly (k_scale 1): bf16 bits and the byte they store as. A new
+ * token's row spells its index in these, 3 bits an element, so a pool row names its writer. */
+static const uint16_t exact_bf16[8] = {0x3f80, 0x4000, 0x3f00, 0x3fc0, 0xbf80, 0xc000, 0xbf00, 0x3e80};
+static const uint8_t exact_e4m3[8] = {0x38, 0x40, 0x30, 0x3c, 0xb8, 0xc0, 0xb0, 0x28};
+static uint32_t spelled(uint32_t token, uint32_t c, int is_v) {
+  uint32_t tag = is_v ? ~token : token;
+  return (tag >> (3 * (c % 11))) & 7u;
+}
+
+static int finite_bf16(uint16_t bits) { return (bits & 0x7f80) != 0x7f80; }
+
+/* fattn_store_kv / fattn_attend on whatever step is planned: none yet, a rejected plan's
+ * predecessor, or one whose sequences changed since (the device table keeps the planned
+ * pages until the next plan). A rejected call touches no pool; a store writes, for each
+ * entry's new token, exactly its spelled row into the slot the planned table names. */
+static void step_op(fuzz_bytes *in) {
+  const uint8_t how = fuzz_u8(in);
+  const uint32_t layer = how & 0x40 ? (how & 0x20 ? UINT32_MAX : 1u + fuzz_u8(in)) : 0u;
+  const fattn__step *st = &ctx->step;
+  fattn__layer_params l = fattn__layer_params_for(ctx, 0);
+  const size_t pool_bytes = (size_t)l.num_pages * l.page_size * HEAD_DIM; /* one kv head, fp8 */
+  const uint32_t new_tokens = st->planned ? st->hdr->num_new_tokens : 0;
+  const uint32_t q_tokens = st->planned ? st->hdr->num_q_tokens : 0;
+  const int attend = how & 1, null_arg = (how & 0x1e) == 0x1e;
+  /* the CPU oracle's cost grows with q tokens x kv slots: big CROSS steps are only rejected */
+  const int runnable = !null_arg && q_tokens <= 4096;
+  fattn_status want = !st->planned ? FATTN_ERR_STATE
+                      : layer != 0 ? FATTN_ERR_INVALID
+                      : attend     ? (!runnable ? FATTN_ERR_INVALID : FATTN_OK)
+                                   : (null_arg && new_tokens ? FATTN_ERR_INVALID : FATTN_OK);
+  uint8_t *pools = malloc(2 * pool_bytes);
+  const uint32_t out_rows = attend && runnable ? q_tokens : 0;
+  size_t in_rows = (attend ? out_rows : new_tokens) + 1, out_elems = (size_t)out_rows * HEAD_DIM + 64;
+  uint16_t *k = malloc(in_rows * HEAD_DIM * 2), *v = malloc(in_rows * HEAD_DIM * 2), *out = malloc(out_elems * 2);
+  float *lse = malloc(((size_t)out_rows + 16) * 4);
+  if (!pools || !k || !v || !out || !lse) FUZZ_FAIL("step_op: out of host memory");
+  memcpy(pools, l.k_pool, pool_bytes);
+  memcpy(pools + pool_bytes, l.v_pool, pool_bytes);
+  for (size_t t = 0; t < in_rows; t++)
+    for (uint32_t c = 0; c < HEAD_DIM; c++) {
+      k[t * HEAD_DIM + c] = exact_bf16[spelled((uint32_t)t, c, 0)];
+      v[t * HEAD_DIM + c] = exact_bf16[spelled((uint32_t)t, c, 1)];
+    }
+  memset(out, 0xff, out_elems * 2); /* NaN everywhere: attend must overwrite its rows, only those */
+  memset(lse, 0xff, ((size_t)out_rows + 16) * 4);
+  const void *q = runnable ? k : NULL; /* the spelled rows serve as queries too */
+  fattn_status got = attend ? fattn_attend(ctx, layer, q, out, how & 0x80 ? lse : NULL, NULL)
+                            : fattn_store_kv(ctx, layer, null_arg ? NULL : k, null_arg ? NULL : v, NULL);
+  const char *call = attend ? "fattn_attend" : "fattn_store_kv";
+  if (got != want)
+    FUZZ_FAIL("%s (layer %u, %s) returned %s, the rules give %s (detail: %s)", call, layer,
+              st->planned ? "planned" : "nothing planned", fattn_status_name(got), fattn_status_name(want),
+              fattn_detail(ctx));
+  if (got != FATTN_OK) fuzz_expect_detail(fattn_detail(ctx), FATTN__DETAIL_LEN, call);
+  /* Every pool row the call may write, then every row compared with what it should hold. */
+  uint8_t *expect_k = pools, *expect_v = pools + pool_bytes;
+  for (uint32_t i = 0; got == FATTN_OK && !attend && i < st->hdr->num_entries; i++) {
+    const fattn__entry *e = &st->entries[i];
+    for (uint32_t r = 0; r < e->new_len; r++) {
+      uint32_t slot = e->kv_len - e->new_len + r, t = e->new_start + r;
+      uint32_t page = (uint32_t)l.page_table[(size_t)e->seq * l.pages_per_seq + slot / l.page_size];
+      if (page >= l.num_pages) FUZZ_FAIL("entry %u: new slot %u of sequence %u has no page in the planned table", i, slot, e->seq);
+      size_t row = ((size_t)page * l.page_size + slot % l.page_size) * HEAD_DIM;
+      for (uint32_t c = 0; c < HEAD_DIM; c++) {
+        expect_k[row + c] = exact_e4m3[spelled(t, c, 0)];
+        expect_v[row + c] = exact_e4m3[spelled(t, c, 1)];
+      }
+    }
+  }
+  for (size_t b = 0; b < pool_bytes; b++)
+    if (((const uint8_t *)l.k_pool)[b] != expect_k[b] || ((const uint8_t *)l.v_pool)[b] != expect_v[b])
+      FUZZ_FAIL("after %s (%s): pool byte %zu (page %zu slot %zu) is %02x / %02x, should be %02x / %02x", call,
+                fattn_status_name(got), b, b / HEAD_DIM / l.page_size, b / HEAD_DIM % l.page_size,
+                ((const uint8_t *)l.k_pool)[b], ((const uint8_t *)l.v_pool)[b], expect_k[b], expect_v[b]);
+  if (got == FATTN_OK && attend) {
+    for (size_t i = 0; i < out_elems; i++) /* finite inputs, finite rows; the tail untouched */
+      if (i < (size_t)q_tokens * HEAD_DIM ? !finite_bf16(out[i]) : out[i] != 0xffff)
+        FUZZ_FAIL("fattn_attend: out[%zu] = %04x (%u query tokens)", i, out[i], q_tokens);
+    for (size_t i = 0; (how & 0x80) && i < (size_t)q_tokens + 16; i++)
+      if (i < q_tokens ? isnan(lse[i]) : !isnan(lse[i]))
+        FUZZ_FAIL("fattn_attend: lse[%zu] = %g (%u query tokens)", i, (double)lse[i], q_tokens);
+  }
+  free(pools), free(k), free(v), free(out), free(lse);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   fuzz_bytes in = {data, size, 0};
   ctx = create(&in);
   for (int n = 0; n < MAX_OPS && !fuzz_done(&in); n++) {
     uint8_t op = fuzz_u8(&in);
     if (op < 0x80) allocator_op(&in, op);
-    else plan_op(&in);
+    else if (op < 0xe0) plan_op(&in);
+    else step_op(&in);
   }
   ctx = NULL;
   return 0;
