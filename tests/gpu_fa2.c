@@ -27,20 +27,10 @@ enum { BF = FATTN_DTYPE_BF16, FP = FATTN_DTYPE_FP16, F8 = FATTN_DTYPE_FP8_E4M3 }
 enum { MAX_SPLITS = 32, TARGET_CTAS = 264 };
 
 static uint64_t rng_state = 0x1234567ull;
-static uint64_t rng_next(void) { /* splitmix64 */
-  uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
+static uint64_t rng_next(void) { return fattn_test_splitmix(&rng_state); }
 static uint32_t rnd(uint32_t n) { return n ? (uint32_t)(rng_next() % n) : 0u; }
 static double rnd_unit(void) { return (double)(rng_next() >> 11) * 0x1.0p-53; }
 
-static void *xmalloc(size_t n) {
-  void *p = malloc(n ? n : 1);
-  ck_assert_ptr_nonnull(p);
-  return p;
-}
 static void *dalloc(size_t n) {
   void *p = NULL;
   CK(cudaMalloc(&p, n ? n : 16));
@@ -108,7 +98,7 @@ static fattn__entry *ref_pieces(const fattn__step_hdr *h, const fattn__entry *e,
   uint32_t cnt = 0;
   for (uint32_t i = 0; i < h->num_entries; i++)
     cnt += (e[i].num_splits <= 1 && e[i].mask_row == UINT32_MAX && e[i].q_len > 64) ? (e[i].q_len + 63) / 64 : 1;
-  fattn__entry *p = xmalloc(cnt * sizeof *p);
+  fattn__entry *p = fattn_test_xmalloc(cnt * sizeof *p);
   uint32_t k = 0;
   for (uint32_t i = 0; i < h->num_entries; i++) {
     if (!(e[i].num_splits <= 1 && e[i].mask_row == UINT32_MAX && e[i].q_len > 64)) { p[k++] = e[i]; continue; }
@@ -134,7 +124,7 @@ static void ref_both(fattn__layer_params l, fattn__step_params s, const fattn__s
   long nt = sysconf(_SC_NPROCESSORS_ONLN);
   if (nt < 1) nt = 1;
   if (nt > 64) nt = 64;
-  double total = 0, *cost = xmalloc(h->num_entries * sizeof *cost);
+  double total = 0, *cost = fattn_test_xmalloc(h->num_entries * sizeof *cost);
   for (uint32_t i = 0; i < h->num_entries; i++) {
     cost[i] = (double)e[i].q_len * (e[i].kv_len + 16.0);
     total += cost[i];
@@ -207,8 +197,8 @@ static double run_case(const cfg *c, int route, int *ok) {
 
   /* Entries. */
   uint32_t bs = 1 + rnd(c->max_bs);
-  fattn__entry *e = xmalloc(bs * sizeof *e);
-  uint64_t *mask = xmalloc(64 * 64 * (size_t)bs * sizeof *mask);
+  fattn__entry *e = fattn_test_xmalloc(bs * sizeof *e);
+  uint64_t *mask = fattn_test_xmalloc(64 * 64 * (size_t)bs * sizeof *mask);
   uint32_t nmask = 0, maxkv = 1;
   uint64_t work = 0;
   for (uint32_t i = 0; i < bs; i++) {
@@ -274,14 +264,14 @@ static double run_case(const cfg *c, int route, int *ok) {
   uint32_t need = 0;
   for (uint32_t i = 0; i < bs; i++) need += (e[i].kv_len + c->ps - 1) / c->ps;
   l.num_pages = need + 3;
-  uint32_t *perm = xmalloc(l.num_pages * sizeof *perm);
+  uint32_t *perm = fattn_test_xmalloc(l.num_pages * sizeof *perm);
   for (uint32_t i = 0; i < l.num_pages; i++) perm[i] = i;
   for (uint32_t i = l.num_pages - 1; i > 0; i--) {
     uint32_t k = rnd(i + 1), t = perm[i];
     perm[i] = perm[k];
     perm[k] = t;
   }
-  uint32_t *rows = xmalloc(bs * sizeof *rows);
+  uint32_t *rows = fattn_test_xmalloc(bs * sizeof *rows);
   for (uint32_t i = 0; i < bs; i++) rows[i] = i;
   for (uint32_t i = bs - 1; i > 0; i--) {
     uint32_t k = rnd(i + 1), t = rows[i];
@@ -289,7 +279,7 @@ static double run_case(const cfg *c, int route, int *ok) {
     rows[k] = t;
   }
   size_t pt_n = (size_t)bs * l.pages_per_seq, slots = (size_t)l.num_pages * c->ps;
-  int32_t *pt = xmalloc(pt_n * sizeof *pt);
+  int32_t *pt = fattn_test_xmalloc(pt_n * sizeof *pt);
   for (size_t i = 0; i < pt_n; i++) pt[i] = (int32_t)FATTN__PAGE_NONE;
   uint8_t *used = calloc(slots, 1);
   uint32_t next = 0;
@@ -323,7 +313,7 @@ static double run_case(const cfg *c, int route, int *ok) {
   size_t so_n = (size_t)h.split_rows_cap * c->qh * c->dv, sl_n = (size_t)h.split_rows_cap * c->qh;
   float *sinks = NULL;
   if (c->sinks) {
-    sinks = xmalloc(c->qh * sizeof *sinks);
+    sinks = fattn_test_xmalloc(c->qh * sizeof *sinks);
     for (uint32_t i = 0; i < c->qh; i++) sinks[i] = i == 1 ? -INFINITY : (float)(4.0 * rnd_unit() - 1.0);
   }
   void *dk = dalloc(kn * esize(c->kt)), *dv = c->mla ? NULL : dalloc(vn * esize(c->kt));
@@ -376,16 +366,16 @@ static double run_case(const cfg *c, int route, int *ok) {
   CK(cudaMemcpy(ctr, dctr, 8, cudaMemcpyDeviceToHost)); /* the next launch expects them back at 0 */
 
   /* Host copies and the reference. */
-  void *hk = xmalloc(kn * esize(c->kt)), *hv = c->mla ? NULL : xmalloc(vn * esize(c->kt));
-  void *hq = xmalloc(qn * 2), *hout = xmalloc(on * 2 + 2), *hlp = xmalloc(on * 2 + 2);
-  float *hlse = xmalloc(ln * 4 + 4);
+  void *hk = fattn_test_xmalloc(kn * esize(c->kt)), *hv = c->mla ? NULL : fattn_test_xmalloc(vn * esize(c->kt));
+  void *hq = fattn_test_xmalloc(qn * 2), *hout = fattn_test_xmalloc(on * 2 + 2), *hlp = fattn_test_xmalloc(on * 2 + 2);
+  float *hlse = fattn_test_xmalloc(ln * 4 + 4);
   CK(cudaMemcpy(hk, dk, kn * esize(c->kt), cudaMemcpyDeviceToHost));
   if (!c->mla) CK(cudaMemcpy(hv, dv, vn * esize(c->kt), cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(hq, dq, qn * 2, cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(hout, dout, on * 2, cudaMemcpyDeviceToHost));
   if (c->lse) CK(cudaMemcpy(hlse, dlse, ln * 4, cudaMemcpyDeviceToHost));
-  double *o64 = xmalloc(on * 8 + 8), *l64 = xmalloc(ln * 8 + 8);
-  float *hso = xmalloc(so_n * 4), *hsl = xmalloc(sl_n * 4);
+  double *o64 = fattn_test_xmalloc(on * 8 + 8), *l64 = fattn_test_xmalloc(ln * 8 + 8);
+  float *hso = fattn_test_xmalloc(so_n * 4), *hsl = fattn_test_xmalloc(sl_n * 4);
   fattn__layer_params hl = l;
   hl.k_pool = hk;
   hl.v_pool = hv;
@@ -497,7 +487,7 @@ START_TEST(store_kv) {
     l.num_q_heads = 8; l.num_kv_heads = 2; l.head_dim = d; l.head_dim_v = dvv; l.page_size = ps;
     l.q_dtype = qt; l.kv_dtype = kt; l.k_scale = kt == F8 ? 0.37f : 1.f; l.v_scale = kt == F8 ? 2.5f : 1.f;
     uint32_t bs = 1 + rnd(40);
-    fattn__entry *e = xmalloc(bs * sizeof *e);
+    fattn__entry *e = fattn_test_xmalloc(bs * sizeof *e);
     uint32_t maxkv = 1;
     for (uint32_t i = 0; i < bs; i++) {
       memset(&e[i], 0, sizeof e[i]);
@@ -516,7 +506,7 @@ START_TEST(store_kv) {
     l.pages_per_seq = (maxkv + ps - 1) / ps;
     l.num_pages = bs * l.pages_per_seq;
     size_t pt_n = (size_t)bs * l.pages_per_seq;
-    int32_t *pt = xmalloc(pt_n * 4);
+    int32_t *pt = fattn_test_xmalloc(pt_n * 4);
     for (size_t i = 0; i < pt_n; i++) pt[i] = (int32_t)((i * 7919u) % pt_n); /* a permutation */
     if (pt_n % 7919u == 0) for (size_t i = 0; i < pt_n; i++) pt[i] = (int32_t)(pt_n - 1 - i);
     size_t slots = (size_t)l.num_pages * ps, kn = slots * 2 * d, vn = slots * 2 * dvv;
@@ -533,8 +523,8 @@ START_TEST(store_kv) {
     CK(cudaMemcpy(dpt, pt, pt_n * 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dh, &h, sizeof h, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(de, e, bs * sizeof *e, cudaMemcpyHostToDevice));
-    void *hk = xmalloc(kn * esize(kt)), *hv = xmalloc(vn * esize(kt)), *hnk = xmalloc(nk * 2), *hnv = xmalloc(nv * 2);
-    void *gk = xmalloc(kn * esize(kt)), *gv = xmalloc(vn * esize(kt));
+    void *hk = fattn_test_xmalloc(kn * esize(kt)), *hv = fattn_test_xmalloc(vn * esize(kt)), *hnk = fattn_test_xmalloc(nk * 2), *hnv = fattn_test_xmalloc(nv * 2);
+    void *gk = fattn_test_xmalloc(kn * esize(kt)), *gv = fattn_test_xmalloc(vn * esize(kt));
     CK(cudaMemcpy(hk, dk, kn * esize(kt), cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(hv, dvp, vn * esize(kt), cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(hnk, dnk, nk * 2, cudaMemcpyDeviceToHost));

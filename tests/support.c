@@ -17,6 +17,12 @@ int fattn_test_cuda_devices(void) {
   return n;
 }
 
+void *fattn_test_xmalloc(size_t n) {
+  void *p = malloc(n ? n : 1);
+  ck_assert_ptr_nonnull(p);
+  return p;
+}
+
 void fattn_test_small(fattn_config *cfg, fattn_model *model) {
   const fattn_config c = FATTN_CONFIG_INIT;
   const fattn_model m = FATTN_MODEL_INIT;

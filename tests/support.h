@@ -39,6 +39,15 @@ long fattn_fault_seen(fattn_fault_kind kind);
 /* A small CPU-backend model and config most suites start from: 2 layers, 4 q / 2 kv heads,
  * d 64, bf16, page 4, 64 pages, max_batch 8, max_seq_len 64. */
 void fattn_test_small(fattn_config *cfg, fattn_model *model);
+/* malloc that fails the test rather than return NULL. */
+void *fattn_test_xmalloc(size_t n);
+/* splitmix64: the next value of the stream *state seeds; cases set the seed, so failures repeat. */
+static inline uint64_t fattn_test_splitmix(uint64_t *state) {
+  uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
 /* A deterministic generator (LCG), so that failing runs repeat. */
 static inline uint32_t fattn_test_rand(uint64_t *s) {
   *s = *s * 6364136223846793005ull + 1442695040888963407ull;
