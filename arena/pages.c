@@ -4,6 +4,8 @@
 
 #include "lib/internal.h"
 
+_Static_assert(sizeof(fattn__seq) == 32, "a sequence record takes half a cache line, never two");
+
 fattn_status fattn__pages_init(fattn_ctx *ctx) {
   fattn__pages *p = &ctx->pages;
   fattn__heap *h = ctx->heap;

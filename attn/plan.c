@@ -75,7 +75,9 @@ static inline __attribute__((always_inline)) fattn_status check_entry(fattn_ctx 
   const uint32_t len = s->seqs[seq].len;
   const entry_lens L = lens_of(s, i, plain);
   const uint32_t q = L.q, kv = L.kv, nw = L.nw;
-  switch (s->mode) {
+  /* A plain entry's q_len is the mode's default, which the mode's rule admits, and its kv_len
+   * the sequence's length: of the length rules only kv_len >= q_len and the cap are left. */
+  if (!plain) switch (s->mode) {
     case FATTN_MODE_DECODE:
     case FATTN_MODE_DRAFT_DECODE:
       if (q != 1) return fattn__fail(ctx, FATTN_ERR_INVALID, "batch entry %u: q_len %u, decode takes 1", i, q);
@@ -93,7 +95,7 @@ static inline __attribute__((always_inline)) fattn_status check_entry(fattn_ctx 
     default:
       if (q == 0) return fattn__fail(ctx, FATTN_ERR_INVALID, "batch entry %u: q_len 0", i);
   }
-  if (s->cross) {
+  if (!plain && s->cross) {
     if (kv > s->max_encoder_len)
       return fattn__fail(ctx, FATTN_ERR_INVALID, "batch entry %u: encoder length %u over max_encoder_len %u", i,
                          kv, s->max_encoder_len);
@@ -105,7 +107,7 @@ static inline __attribute__((always_inline)) fattn_status check_entry(fattn_ctx 
   if (kv > s->max_seq_len)
     return fattn__fail(ctx, FATTN_ERR_INVALID, "batch entry %u: kv_len %u over max_seq_len %u", i, kv,
                        s->max_seq_len);
-  if (kv > len)
+  if (!plain && kv > len)
     return fattn__fail(ctx, FATTN_ERR_INVALID, "batch entry %u: kv_len %u over sequence %u's %u reserved slots", i,
                        kv, seq, len);
   /* A write into a shared page would change the other sequences too; past the sequence's
@@ -190,9 +192,15 @@ static inline __attribute__((always_inline)) fattn_status check_entries_as(fattn
       out[i] = (fattn__entry){.seq = src.seq_ids[i], .q_len = L.q, .kv_len = L.kv, .new_len = L.nw,
                               .mask_row = mask_row};
     mask_row += mask_step;
-    q_tokens += L.q;
-    new_tokens += L.nw;
-    tiles += fattn__ceil_div(L.q, FATTN__Q_TILE);
+    if (!plain) {
+      q_tokens += L.q;
+      new_tokens += L.nw;
+      tiles += fattn__ceil_div(L.q, FATTN__Q_TILE);
+    }
+  }
+  if (plain) { /* every entry alike */
+    q_tokens = new_tokens = (uint64_t)n * src.q_default;
+    tiles = n * fattn__ceil_div(src.q_default, FATTN__Q_TILE);
   }
   if (q_tokens > c->max_q_tokens)
     return fattn__fail(ctx, FATTN_ERR_INVALID, "%llu query tokens: over max_q_tokens %u",

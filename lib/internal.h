@@ -71,7 +71,7 @@ typedef struct fattn__seq {
   uint32_t shared;   /* entries [0, shared) may be shared with a fork; later ones are its own */
   uint8_t open;
   uint8_t listed;    /* in the dirty list */
-  uint8_t pad[2];
+  uint8_t pad[6];    /* 32 bytes: a record in one cache line (the array is line-aligned) */
 } fattn__seq;
 
 typedef struct fattn__pages {
