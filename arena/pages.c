@@ -38,7 +38,7 @@ fattn_status fattn__pages_init(fattn_ctx *ctx) {
 }
 
 /* Entries [lo, hi) of row changed: the next plan ships them. */
-static void mark(fattn__pages *p, uint32_t row, uint32_t lo, uint32_t hi) {
+static inline void mark(fattn__pages *p, uint32_t row, uint32_t lo, uint32_t hi) {
   fattn__seq *s = &p->seqs[row];
   if (lo >= hi) return;
   if (!s->listed) {
@@ -113,7 +113,8 @@ fattn_status fattn_seq_reserve(fattn_ctx *ctx, uint32_t seq, uint32_t num_tokens
   if (num_tokens <= s->len) return FATTN_OK;
   uint32_t *row = row_of(p, seq);
   uint32_t need = pages_for(p, num_tokens);
-  int cow = (s->len & (p->page_size - 1)) != 0 && p->refcount[row[s->npages - 1]] > 1;
+  /* a tail page at or past the `shared` bound is the sequence's own: no table or refcount read */
+  int cow = (s->len & (p->page_size - 1)) != 0 && s->npages - 1 < s->shared && p->refcount[row[s->npages - 1]] > 1;
   uint32_t want = need - s->npages + (cow ? 1u : 0u);
   if (want > p->free_top)
     return fattn__fail(ctx, FATTN_ERR_CAPACITY,
@@ -227,7 +228,7 @@ fattn_status fattn_seq_map(fattn_ctx *ctx, uint32_t seq, uint32_t first, uint32_
     if (pages[i] >= p->num_pages)
       return fattn__fail(ctx, FATTN_ERR_INVALID, "fattn_seq_map: pages[%u] = %u, only %u pages", i,
                          pages[i], p->num_pages);
-  memcpy(row_of(p, seq) + first, pages, (size_t)count * 4);
+  if (count) memcpy(row_of(p, seq) + first, pages, (size_t)count * 4); /* pages may be NULL when count is 0 */
   if (first + count > s->npages) s->npages = first + count;
   uint64_t len = (uint64_t)s->npages * p->page_size;
   s->len = len > p->max_seq_len ? p->max_seq_len : (uint32_t)len;

@@ -253,7 +253,7 @@ static void op_map(uint32_t seq, uint32_t first, uint32_t count, const uint32_t 
   fattn_status got = fattn_seq_map(ctx, seq, first, count, pages);
   expect(got, want, "fattn_seq_map", before, bytes);
   if (got != FATTN_OK) return;
-  memcpy(s->pages + first, pages, (size_t)count * 4);
+  if (count) memcpy(s->pages + first, pages, (size_t)count * 4);
   if (first + count > s->npages) s->npages = first + count;
   uint64_t len = (uint64_t)s->npages * sh.page_size;
   s->len = len > sh.max_seq_len ? sh.max_seq_len : (uint32_t)len;

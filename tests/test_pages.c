@@ -140,6 +140,9 @@ START_TEST(caller_owned_pages) {
   CHECKED(fattn_seq_map(ctx, a, 0, 3, pages));
   ck_assert_ok(fattn_seq_length(ctx, a, &len));
   ck_assert_uint_eq(len, 12);
+  CHECKED(fattn_seq_map(ctx, a, 3, 0, NULL)); /* no pages, none needed (fuzz_pages found the memcpy) */
+  ck_assert_ok(fattn_seq_length(ctx, a, &len));
+  ck_assert_uint_eq(len, 12);
   CHECKED(fattn_seq_truncate(ctx, a, 5));
   CHECKED(fattn_seq_close(ctx, a));
   ck_assert_ok(fattn_destroy(ctx, 0));
