@@ -5,6 +5,7 @@
  * step's new slots and no other. */
 #include <math.h>
 
+#include "attn/plan.h"
 #include "fuzz/common.h"
 
 #define MAX_BATCH 4
@@ -45,6 +46,9 @@ static fattn_ctx *create(fuzz_bytes *in) {
   cfg.max_q_tokens = size[2];
   cfg.max_encoder_len = size[3];
   cfg.max_seq_len = size[4];
+  cfg.graph_modes = 1u << FATTN_MODE_DECODE; /* buckets for the graph modes: plan_op plans into them too */
+  if (spec[0])
+    cfg.graph_modes |= (1u << FATTN_MODE_TARGET_VERIFY) | (1u << FATTN_MODE_DRAFT_DECODE) | (1u << FATTN_MODE_DRAFT_EXTEND);
   uint32_t pps = (cfg.max_seq_len + cfg.page_size - 1) / cfg.page_size;
   cfg.kv_budget_pages = size[0] > pps ? size[0] : pps;
   char detail[FATTN__DETAIL_LEN];
@@ -190,30 +194,44 @@ static fattn_status predict(const fattn_batch *b, uint32_t *entries, uint64_t *q
   return *q_total > c->max_q_tokens ? FATTN_ERR_INVALID : FATTN_OK;
 }
 
-/* An accepted batch: the step holds exactly its entries, prep's derived fields add up, and
- * every page-table change and copy was shipped. */
-static void check_step(const fattn_batch *b, uint32_t n, uint64_t q_total) {
+/* An accepted batch: the step holds exactly its entries (planned into a graph bucket's area
+ * (t->dst), then padded to the bucket with entries that see nothing), prep's derived fields add
+ * up, and every page-table change and copy was shipped. */
+static void check_step(const fattn_batch *b, uint32_t n, uint64_t q_total, const fattn__plan_target *t) {
   const fattn__step *s = &ctx->step;
   const fattn__step_hdr *h = s->hdr;
   const fattn__pages *p = &ctx->pages;
   const uint32_t nd = ctx->n.cfg.spec_draft_tokens;
-  if (!s->planned || s->mode != (uint32_t)b->mode || s->cap_entries != n || h->num_entries != n)
-    FUZZ_FAIL("step: planned %d mode %u with %u / %u entries, batch mode %d with %u", s->planned, s->mode,
-              s->cap_entries, h->num_entries, b->mode, n);
+  const uint32_t all = t->dst ? t->cap_entries : n;
+  q_total += (uint64_t)(all - n) * t->pad_q_len;
+  if (!s->planned || s->mode != (uint32_t)b->mode || s->cap_entries != all || h->num_entries != all ||
+      h->num_live != n || (t->dst && (const uint8_t *)h != t->dst))
+    FUZZ_FAIL("step: planned %d mode %u with %u / %u entries (%u live), batch mode %d with %u of %u", s->planned,
+              s->mode, s->cap_entries, h->num_entries, h->num_live, b->mode, n, all);
   if (s->cap_q_tokens != q_total || h->num_q_tokens != q_total)
     FUZZ_FAIL("step: %u / %u query tokens, batch has %llu", s->cap_q_tokens, h->num_q_tokens, (unsigned long long)q_total);
   uint64_t q = 0, nw = 0, tiles = 0, rows = 0;
-  for (uint32_t i = 0; i < n; i++) {
+  for (uint32_t i = 0; i < all; i++) {
     const fattn__entry *e = &s->entries[i];
+    if (e->q_start != q || e->new_start != nw || e->tile_start != tiles)
+      FUZZ_FAIL("entry %u: starts q %u new %u tile %u, prefix sums are %llu %llu %llu", i, e->q_start, e->new_start,
+                e->tile_start, (unsigned long long)q, (unsigned long long)nw, (unsigned long long)tiles);
+    q += e->q_len;
+    nw += e->new_len;
+    tiles += (e->q_len + (uint64_t)FATTN__Q_TILE - 1) / FATTN__Q_TILE;
+    if (i >= n) { /* padding: sees nothing, stores nothing */
+      if (e->q_len != t->pad_q_len || e->kv_len || e->new_len || e->num_splits != 1 || e->split_row != UINT32_MAX ||
+          e->mask_row != UINT32_MAX)
+        FUZZ_FAIL("padding entry %u: q %u kv %u new %u, %u splits from row %u, mask row %u", i, e->q_len, e->kv_len,
+                  e->new_len, e->num_splits, e->split_row, e->mask_row);
+      continue;
+    }
     uint32_t want_q = b->q_lens ? b->q_lens[i] : b->mode == FATTN_MODE_TARGET_VERIFY ? nd : 1;
     uint32_t want_kv = b->kv_lens ? b->kv_lens[i] : p->seqs[b->seq_ids[i]].len;
     uint32_t want_nw = b->mode != FATTN_MODE_CROSS ? want_q : b->kv_new_lens ? b->kv_new_lens[i] : 0;
     if (e->seq != b->seq_ids[i] || e->q_len != want_q || e->kv_len != want_kv || e->new_len != want_nw)
       FUZZ_FAIL("entry %u: seq %u q %u kv %u new %u, batch gives %u %u %u %u", i, e->seq, e->q_len, e->kv_len,
                 e->new_len, b->seq_ids[i], want_q, want_kv, want_nw);
-    if (e->q_start != q || e->new_start != nw || e->tile_start != tiles)
-      FUZZ_FAIL("entry %u: starts q %u new %u tile %u, prefix sums are %llu %llu %llu", i, e->q_start, e->new_start,
-                e->tile_start, (unsigned long long)q, (unsigned long long)nw, (unsigned long long)tiles);
     if (e->mask_row != (b->tree_mask ? i * nd : UINT32_MAX))
       FUZZ_FAIL("entry %u: mask_row %u", i, e->mask_row);
     if (e->num_splits == 0) FUZZ_FAIL("entry %u: no split", i);
@@ -227,9 +245,6 @@ static void check_step(const fattn_batch *b, uint32_t n, uint64_t q_total) {
     } else if (e->split_len != e->kv_len || e->split_row != UINT32_MAX) {
       FUZZ_FAIL("entry %u: one split of %u slots, row %u, over kv_len %u", i, e->split_len, e->split_row, e->kv_len);
     }
-    q += e->q_len;
-    nw += e->new_len;
-    tiles += (e->q_len + (uint64_t)FATTN__Q_TILE - 1) / FATTN__Q_TILE;
   }
   if (s->cap_new_tokens != nw || h->num_new_tokens != nw)
     FUZZ_FAIL("step: %u / %u new tokens, entries add up to %llu", s->cap_new_tokens, h->num_new_tokens, (unsigned long long)nw);
@@ -250,9 +265,32 @@ static void check_step(const fattn_batch *b, uint32_t n, uint64_t q_total) {
     FUZZ_FAIL("after fattn_plan: the device page table differs from the host mirror");
 }
 
+/* A graph bucket's area of the batch's mode that holds it, when `into` asks for one and there
+ * is one; else the eager inbox. fattn_graph_launch takes the smallest; any larger one is as
+ * valid a target for the planner and pads more. */
+static fattn__plan_target target_for(const fattn_batch *b, uint8_t into) {
+  const fattn__plan_target eager = {NULL, 0, 0, NULL};
+  const fattn__norm *nm = &ctx->n;
+  const uint32_t nd = nm->cfg.spec_draft_tokens;
+  if (!(into & 1) || b->mode < FATTN_MODE_PREFILL || b->mode > FATTN_MODE_COUNT ||
+      !(nm->cfg.graph_modes & (1u << b->mode)) || b->num_seqs == 0)
+    return eager;
+  uint32_t k = 0;
+  while (k < nm->num_buckets && nm->buckets[k] < b->num_seqs) k++;
+  if (k < nm->num_buckets) {
+    k += (uint32_t)(into >> 1) % (nm->num_buckets - k);
+    const fattn__graph_slot *g = &ctx->graphs[(size_t)b->mode * nm->num_buckets + k];
+    const uint32_t per = b->mode == FATTN_MODE_DRAFT_DECODE ? nm->cfg.spec_topk : 1;
+    const uint32_t q = b->mode == FATTN_MODE_TARGET_VERIFY ? nd : b->mode == FATTN_MODE_DRAFT_EXTEND ? nd + 1 : 1;
+    return (fattn__plan_target){g->area, g->requests * per, q, g->box};
+  }
+  return eager;
+}
+
 static void plan_op(fuzz_bytes *in) {
   batch_buf bb;
   build(in, &bb);
+  const fattn__plan_target t = target_for(&bb.b, fuzz_u8(in));
   uint32_t n;
   uint64_t q_total;
   fattn_status want = predict(&bb.b, &n, &q_total);
@@ -260,15 +298,16 @@ static void plan_op(fuzz_bytes *in) {
   uint8_t *before = fuzz_pages_snapshot(&ctx->pages, &bytes);
   const fattn__step step_before = ctx->step;
   const uint64_t planned_before = ctx->steps_planned;
-  fattn_status got = fattn_plan(ctx, &bb.b, NULL);
+  fattn_status got = t.dst ? fattn__plan_into(ctx, &bb.b, NULL, &t) : fattn_plan(ctx, &bb.b, NULL);
   if (!fuzz_known_status(got)) FUZZ_FAIL("fattn_plan: status %d is not a fattn_status", got);
   if ((got == FATTN_OK) != (want == FATTN_OK) || (got != FATTN_OK && got != want))
-    FUZZ_FAIL("fattn_plan (mode %d, %u seqs) returned %s, the rules give %s (detail: %s)", bb.b.mode,
-              bb.b.num_seqs, fattn_status_name(got), fattn_status_name(want), fattn_detail(ctx));
+    FUZZ_FAIL("fattn_plan (mode %d, %u seqs%s) returned %s, the rules give %s (detail: %s)", bb.b.mode,
+              bb.b.num_seqs, t.dst ? ", into a bucket" : "", fattn_status_name(got), fattn_status_name(want),
+              fattn_detail(ctx));
   if (fattn_check(ctx) != FATTN_OK) FUZZ_FAIL("after fattn_plan: fattn_check: %s", fattn_detail(ctx));
   if (got == FATTN_OK) {
     free(before);
-    check_step(&bb.b, n, q_total);
+    check_step(&bb.b, n, q_total, &t);
     return;
   }
   fuzz_expect_detail(fattn_detail(ctx), FATTN__DETAIL_LEN, "fattn_plan");
