@@ -90,7 +90,8 @@ fattn_status fattn__heap_open(void *base, uint64_t bytes, fattn__heap **out) {
 /* Line-aligned, so that records of a power-of-two size (the sequences' 32 bytes) never straddle two
  * lines; the 64 KiB each allocation is budgeted above covers the rounding. */
 void *fattn__heap_alloc(fattn__heap *heap, size_t bytes) {
-  return mallocx(bytes ? bytes : 1, MALLOCX_ARENA(heap->arena) | MALLOCX_TCACHE_NONE | MALLOCX_ZERO | MALLOCX_ALIGN(64));
+  return mallocx(bytes ? bytes : 1,
+                 MALLOCX_ARENA(heap->arena) | MALLOCX_TCACHE_NONE | MALLOCX_ZERO | MALLOCX_ALIGN(64));
 }
 
 void fattn__heap_close(fattn__heap *heap) {

@@ -247,7 +247,8 @@ static void op_map(uint32_t seq, uint32_t first, uint32_t count, const uint32_t 
   fattn_status want = FATTN_OK;
   if (!s) want = FATTN_ERR_NOT_FOUND;
   else if (!sh.caller_owned) want = FATTN_ERR_STATE;
-  else if ((count && !pages) || first > s->npages || (uint64_t)first + count > sh.pages_per_seq) want = FATTN_ERR_INVALID;
+  else if ((count && !pages) || first > s->npages || (uint64_t)first + count > sh.pages_per_seq)
+    want = FATTN_ERR_INVALID;
   for (uint32_t i = 0; want == FATTN_OK && i < count; i++)
     if (pages[i] >= sh.num_pages) want = FATTN_ERR_INVALID;
   fattn_status got = fattn_seq_map(ctx, seq, first, count, pages);

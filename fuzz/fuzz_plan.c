@@ -48,7 +48,8 @@ static fattn_ctx *create(fuzz_bytes *in) {
   cfg.max_seq_len = size[4];
   cfg.graph_modes = 1u << FATTN_MODE_DECODE; /* buckets for the graph modes: plan_op plans into them too */
   if (spec[0])
-    cfg.graph_modes |= (1u << FATTN_MODE_TARGET_VERIFY) | (1u << FATTN_MODE_DRAFT_DECODE) | (1u << FATTN_MODE_DRAFT_EXTEND);
+    cfg.graph_modes |=
+        (1u << FATTN_MODE_TARGET_VERIFY) | (1u << FATTN_MODE_DRAFT_DECODE) | (1u << FATTN_MODE_DRAFT_EXTEND);
   uint32_t pps = (cfg.max_seq_len + cfg.page_size - 1) / cfg.page_size;
   cfg.kv_budget_pages = size[0] > pps ? size[0] : pps;
   char detail[FATTN__DETAIL_LEN];
@@ -382,7 +383,8 @@ static void step_op(fuzz_bytes *in) {
     for (uint32_t r = 0; r < e->new_len; r++) {
       uint32_t slot = e->kv_len - e->new_len + r, t = e->new_start + r;
       uint32_t page = (uint32_t)l.page_table[(size_t)e->seq * l.pages_per_seq + slot / l.page_size];
-      if (page >= l.num_pages) FUZZ_FAIL("entry %u: new slot %u of sequence %u has no page in the planned table", i, slot, e->seq);
+      if (page >= l.num_pages)
+        FUZZ_FAIL("entry %u: new slot %u of sequence %u has no page in the planned table", i, slot, e->seq);
       size_t row = ((size_t)page * l.page_size + slot % l.page_size) * HEAD_DIM;
       for (uint32_t c = 0; c < HEAD_DIM; c++) {
         expect_k[row + c] = exact_e4m3[spelled(t, c, 0)];

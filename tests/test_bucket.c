@@ -88,7 +88,9 @@ START_TEST(bucket_step_equals_eager) {
   for (uint32_t m = 0; m < 4; m++) {
     const fattn_mode mode = modes[m];
     const uint32_t per = mode == FATTN_MODE_DRAFT_DECODE ? TOPK : 1;
-    const uint32_t q_bucket = mode == FATTN_MODE_TARGET_VERIFY ? DRAFT : mode == FATTN_MODE_DRAFT_EXTEND ? DRAFT + 1 : 1;
+    const uint32_t q_bucket = mode == FATTN_MODE_TARGET_VERIFY ? DRAFT
+                              : mode == FATTN_MODE_DRAFT_EXTEND  ? DRAFT + 1
+                                                                 : 1;
     open_ctx();
     for (uint32_t round = 0; round < 4; round++) {
       const uint32_t requests = round % 2 ? 33 + fattn_test_rand(&seed) % 7 : 1 + fattn_test_rand(&seed) % MAX_BATCH;
