@@ -151,6 +151,9 @@ END_TEST
 
 START_TEST(check_catches_corruption) {
   open_ctx(4, 16, 0);
+  /* host tables are line-aligned, so no 32-byte sequence record straddles two lines */
+  ck_assert_uint_eq((uintptr_t)ctx->pages.seqs % 64, 0);
+  ck_assert_uint_eq((uintptr_t)ctx->pages.refcount % 64, 0);
   uint32_t a;
   CHECKED(fattn_seq_open(ctx, &a));
   CHECKED(fattn_seq_reserve(ctx, a, 8));
