@@ -114,8 +114,8 @@ fattn_status fattn_seq_reserve(fattn_ctx *ctx, uint32_t seq, uint32_t num_tokens
   uint32_t *row = row_of(p, seq);
   uint32_t need = pages_for(p, num_tokens);
   /* a tail page at or past the `shared` bound is the sequence's own: no table or refcount read */
-  int cow = (s->len & (p->page_size - 1)) != 0 && s->npages - 1 < s->shared &&
-            p->refcount[row[s->npages - 1]] > 1;
+  const int looked = (s->len & (p->page_size - 1)) != 0 && s->npages - 1 < s->shared;
+  const int cow = looked && p->refcount[row[s->npages - 1]] > 1;
   uint32_t want = need - s->npages + (cow ? 1u : 0u);
   if (want > p->free_top)
     return fattn__fail(ctx, FATTN_ERR_CAPACITY,
@@ -134,6 +134,8 @@ fattn_status fattn_seq_reserve(fattn_ctx *ctx, uint32_t seq, uint32_t num_tokens
     row[s->npages - 1] = page;
     first = s->npages - 1;
   }
+  /* looked up and unshared, or just copied: the tail page is its own, and so is all after it */
+  if (looked) s->shared = s->npages - 1;
   for (uint32_t i = s->npages; i < need; i++) row[i] = page_take(p);
   s->npages = need;
   s->len = num_tokens;

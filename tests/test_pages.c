@@ -112,6 +112,10 @@ START_TEST(fork_shares_and_copies_on_write) {
   ck_assert_uint_eq(ctx->pages.seqs[a].shared, 3); /* both sides may share pages 0..2 */
   ck_assert_uint_eq(ctx->pages.seqs[b].shared, 3);
   CHECKED(fattn_seq_reserve(ctx, b, 11)); /* writes into the shared tail: private copy */
+  ck_assert_uint_eq(ctx->pages.seqs[b].shared, 2); /* the copy and all after it are b's own */
+  CHECKED(fattn_seq_reserve(ctx, a, 11)); /* a's tail, looked up: b no longer shares it */
+  ck_assert_uint_eq(ctx->pages.num_copies, 1);
+  ck_assert_uint_eq(ctx->pages.seqs[a].shared, 2);
   ck_assert_uint_ne(ra[2], rb[2]);
   ck_assert_uint_eq(ra[1], rb[1]);
   ck_assert_uint_eq(ctx->pages.num_copies, 1);
