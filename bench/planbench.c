@@ -28,11 +28,14 @@ static void layer_loop(void *user, void *stream) {
 
 /* Median microseconds of one call for bs requests of mode: fattn_plan back to back (the GPU
  * may fall a ring behind: the staging waits are counted into *waits), or fattn_plan /
- * fattn_graph_launch with the stream drained before each call (outside the timing). */
+ * fattn_graph_launch with the stream drained before each call (outside the timing). Where
+ * reserve_us is given, the median of the step's fattn_seq_reserve calls too (one a sequence, as
+ * an engine grows each sequence before its step). */
 static double time_plan(fattn_ctx *ctx, fattn_mode mode, uint32_t bs, uint32_t *ids, uint32_t draft, how w,
-                        void *stream, uint64_t *waits) {
+                        void *stream, uint64_t *waits, double *reserve_us) {
   enum { RUNS = 2001, IDLE_RUNS = 201 };
-  static double t[RUNS];
+  static double t[RUNS], tr[RUNS];
+  static uint32_t lens[256];
   const int runs = w == BACK_TO_BACK ? RUNS : IDLE_RUNS;
   fattn_batch b = FATTN_BATCH_INIT;
   b.mode = mode;
@@ -42,11 +45,12 @@ static double time_plan(fattn_ctx *ctx, fattn_mode mode, uint32_t bs, uint32_t *
   fattn_get_stats(ctx, &st0);
   for (int r = 0; r < runs; r++) {
     for (uint32_t i = 0; i < bs; i++) { /* each step grows every sequence like real decoding */
-      uint32_t len;
-      fattn_seq_length(ctx, ids[i], &len);
-      fattn_seq_truncate(ctx, ids[i], len - (mode == FATTN_MODE_TARGET_VERIFY ? draft : 1));
-      fattn_seq_reserve(ctx, ids[i], len);
+      fattn_seq_length(ctx, ids[i], &lens[i]);
+      fattn_seq_truncate(ctx, ids[i], lens[i] - (mode == FATTN_MODE_TARGET_VERIFY ? draft : 1));
     }
+    double r0 = fattn_bench_now();
+    for (uint32_t i = 0; i < bs; i++) fattn_seq_reserve(ctx, ids[i], lens[i]);
+    tr[r] = fattn_bench_now() - r0;
     if (w != BACK_TO_BACK) cudaStreamSynchronize((cudaStream_t)stream);
     double t0 = fattn_bench_now();
     fattn_status st = w == GRAPH_IDLE ? fattn_graph_launch(ctx, &b, stream) : fattn_plan(ctx, &b, stream);
@@ -59,6 +63,7 @@ static double time_plan(fattn_ctx *ctx, fattn_mode mode, uint32_t bs, uint32_t *
   if (w != BACK_TO_BACK) cudaStreamSynchronize((cudaStream_t)stream);
   fattn_get_stats(ctx, &st1);
   *waits = st1.staging_waits - st0.staging_waits;
+  if (reserve_us) *reserve_us = fattn_bench_median(tr, (size_t)runs) * 1e6;
   return fattn_bench_median(t, (size_t)runs) * 1e6;
 }
 
@@ -168,14 +173,17 @@ int fattn_bench_plan(int argc, char **argv) {
   }
   printf("fattn_plan host time, Llama-3.1-8B heads, %u layers (%s backend), median of 2001\n", model.num_layers,
          gpu ? "GPU" : "CPU");
-  printf("%-14s %6s %10s %8s\n", "mode", "bs", "us", "waits");
+  printf("%-14s %6s %10s %8s %11s\n", "mode", "bs", "us", "waits", "reserve_us");
   const fattn_mode modes[2] = {FATTN_MODE_DECODE, FATTN_MODE_TARGET_VERIFY};
   const uint32_t sizes[3] = {1, 64, 256};
   uint64_t waits;
   for (int m = 0; m < 2; m++)
     for (int s = 0; s < 3; s++) {
-      double us = time_plan(ctx, modes[m], sizes[s], ids, cfg.spec_draft_tokens, BACK_TO_BACK, NULL, &waits);
-      printf("%-14s %6u %10.2f %8llu\n", m ? "TARGET_VERIFY" : "DECODE", sizes[s], us, (unsigned long long)waits);
+      double reserve_us;
+      double us =
+          time_plan(ctx, modes[m], sizes[s], ids, cfg.spec_draft_tokens, BACK_TO_BACK, NULL, &waits, &reserve_us);
+      printf("%-14s %6u %10.2f %8llu %11.2f\n", m ? "TARGET_VERIFY" : "DECODE", sizes[s], us,
+             (unsigned long long)waits, reserve_us);
     }
   if (gpu) {
     graph_io g = {ctx, model.num_layers, NULL, NULL, NULL, NULL};
@@ -197,8 +205,8 @@ int fattn_bench_plan(int argc, char **argv) {
         fprintf(stderr, "fattn_graph_capture: %s\n", fattn_detail(ctx));
         return 1;
       }
-      double plan = time_plan(ctx, FATTN_MODE_DECODE, sizes[s], ids, 0, PLAN_IDLE, stream, &waits);
-      double both = time_plan(ctx, FATTN_MODE_DECODE, sizes[s], ids, 0, GRAPH_IDLE, stream, &waits);
+      double plan = time_plan(ctx, FATTN_MODE_DECODE, sizes[s], ids, 0, PLAN_IDLE, stream, &waits, NULL);
+      double both = time_plan(ctx, FATTN_MODE_DECODE, sizes[s], ids, 0, GRAPH_IDLE, stream, &waits, NULL);
       graph_times full = time_graph(ctx, sizes[s], ids, GRAPH_FULL, stream);
       graph_times shrt = time_graph(ctx, sizes[s], ids, GRAPH_SHORT_KV, stream);
       float ms = replay_ms(ctx, sizes[s], ids, stream);
