@@ -111,11 +111,12 @@ static inline __attribute__((always_inline)) fattn_status check_entry(fattn_ctx 
     return fattn__fail(ctx, FATTN_ERR_INVALID, "batch entry %u: kv_len %u over sequence %u's %u reserved slots", i,
                        kv, seq, len);
   /* A write into a shared page would change the other sequences too; past the sequence's
-   * `shared` bound every page is its own, so most entries read no page-table word here. */
-  const uint32_t first_new = (kv - nw) >> s->page_shift;
-  if (s->check_shared && nw && first_new < s->seqs[seq].shared) {
+   * `shared` bound every page is its own, so most entries read no page-table word here, and
+   * the rest only those of their new pages below it. */
+  const uint32_t first_new = (kv - nw) >> s->page_shift, bound = s->seqs[seq].shared;
+  if (s->check_shared && nw && first_new < bound) {
     const uint32_t *row = s->table + (size_t)seq * s->pages_per_seq;
-    for (uint32_t pg = first_new; pg <= (kv - 1) >> s->page_shift; pg++)
+    for (uint32_t pg = first_new; pg <= (kv - 1) >> s->page_shift && pg < bound; pg++)
       if (s->refcount[row[pg]] > 1)
         return fattn__fail(ctx, FATTN_ERR_INVALID,
                            "batch entry %u: new slots of sequence %u lie in page %u, shared with a fork", i, seq,
