@@ -147,6 +147,72 @@ static float replay_ms(fattn_ctx *ctx, uint32_t bs, uint32_t *ids, void *stream)
   return ms;
 }
 
+/* A speculative round's page work at long context: bs requests of len tokens each fork topk
+ * branches at full length, every branch grows by a token, one DRAFT_DECODE step is planned, the
+ * branches close. Medians over rounds of each part's host time, the slots the plan took, and
+ * on the GPU the device time from just before the plan to just after (its prep kernels). */
+static void fork_round(uint32_t bs, uint32_t len, uint32_t topk, int gpu, void *stream) {
+  enum { ROUNDS = 21 };
+  fattn_config cfg;
+  fattn_model model;
+  fattn_shape_llama8b(&cfg, &model, gpu ? 0 : FATTN_DEVICE_CPU);
+  model.num_layers = 1; /* page-table work does not depend on the layer count */
+  cfg.max_seq_len = len + 64;
+  cfg.max_batch = bs;
+  cfg.spec_topk = topk;
+  cfg.spec_steps = 5;
+  cfg.spec_draft_tokens = 8;
+  cfg.kv_budget_bytes = ((uint64_t)bs * (len + 64) + (uint64_t)bs * topk * 32) * 8 * 128 * 2 * 2;
+  char detail[256];
+  fattn_ctx *ctx;
+  if (fattn_create(&cfg, &model, &ctx, detail, sizeof detail)) {
+    fprintf(stderr, "fattn_create: %s\n", detail);
+    exit(1);
+  }
+  static uint32_t ids[256], br[1024];
+  static double t[5][ROUNDS];
+  for (uint32_t i = 0; i < bs; i++)
+    if (fattn_seq_open(ctx, &ids[i]) || fattn_seq_reserve(ctx, ids[i], len - i % 16)) {
+      fprintf(stderr, "fork round: %s\n", fattn_detail(ctx));
+      exit(1);
+    }
+  fattn_batch b = FATTN_BATCH_INIT;
+  b.mode = FATTN_MODE_DRAFT_DECODE, b.num_seqs = bs, b.seq_ids = br;
+  cudaEvent_t ev[2];
+  if (gpu) cudaEventCreate(&ev[0]), cudaEventCreate(&ev[1]);
+  uint64_t taken = 0;
+  for (int r = 0; r < ROUNDS; r++) {
+    if (gpu) cudaStreamSynchronize((cudaStream_t)stream);
+    fattn_status st = FATTN_OK;
+    double t0 = fattn_bench_now();
+    for (uint32_t i = 0; i < bs && !st; i++)
+      for (uint32_t k = 0; k < topk && !st; k++) st = fattn_seq_fork(ctx, ids[i], len - i % 16, &br[i * topk + k]);
+    double t1 = fattn_bench_now();
+    for (uint32_t i = 0; i < bs * topk && !st; i++) st = fattn_seq_reserve(ctx, br[i], len - i / topk % 16 + 1);
+    double t2 = fattn_bench_now();
+    const uint64_t taken0 = ctx->ring_taken;
+    if (gpu) cudaEventRecord(ev[0], (cudaStream_t)stream);
+    if (!st) st = fattn_plan(ctx, &b, stream);
+    double t3 = fattn_bench_now();
+    if (gpu) cudaEventRecord(ev[1], (cudaStream_t)stream);
+    taken += ctx->ring_taken - taken0;
+    for (uint32_t i = 0; i < bs * topk && !st; i++) st = fattn_seq_close(ctx, br[i]);
+    double t4 = fattn_bench_now();
+    if (st) {
+      fprintf(stderr, "fork round: %s\n", fattn_detail(ctx));
+      exit(1);
+    }
+    float ms = 0.f;
+    if (gpu) cudaEventSynchronize(ev[1]), cudaEventElapsedTime(&ms, ev[0], ev[1]);
+    t[0][r] = t1 - t0, t[1][r] = t2 - t1, t[2][r] = t3 - t2, t[3][r] = t4 - t3, t[4][r] = ms * 1e-3;
+  }
+  printf("%6u %7u %5u %9.1f %11.1f %9.1f %9.1f %6.2f %10.1f\n", bs, len, topk, fattn_bench_median(t[0], ROUNDS) * 1e6,
+         fattn_bench_median(t[1], ROUNDS) * 1e6, fattn_bench_median(t[2], ROUNDS) * 1e6,
+         fattn_bench_median(t[3], ROUNDS) * 1e6, (double)taken / ROUNDS, fattn_bench_median(t[4], ROUNDS) * 1e6);
+  if (gpu) cudaEventDestroy(ev[0]), cudaEventDestroy(ev[1]);
+  fattn_destroy(ctx, 1);
+}
+
 int fattn_bench_plan(int argc, char **argv) {
   (void)argc, (void)argv;
   fattn_config cfg;
@@ -217,5 +283,15 @@ int fattn_bench_plan(int argc, char **argv) {
     cudaFree(g.q), cudaFree(g.out), cudaFree(g.k), cudaFree(g.v);
   }
   fattn_destroy(ctx, 1);
+  printf("\nspeculative round's page work: bs requests fork topk branches at full length, each branch\n"
+         "grows a token, one DRAFT_DECODE plan, the branches close; medians of 21 rounds (us)\n");
+  printf("%6s %7s %5s %9s %11s %9s %9s %6s %10s\n", "bs", "len", "topk", "fork_us", "reserve_us", "plan_us",
+         "close_us", "slots", "gpu_us");
+  void *stream = NULL;
+  if (gpu) cudaStreamCreateWithFlags((cudaStream_t *)&stream, cudaStreamNonBlocking);
+  fork_round(64, 4096, 4, gpu, stream);
+  fork_round(64, 8192, 4, gpu, stream);
+  fork_round(16, 32768, 4, gpu, stream);
+  if (gpu) cudaStreamDestroy((cudaStream_t)stream);
   return 0;
 }
