@@ -52,7 +52,7 @@
  * steps with splits of 256; docs/perf.md, session 17). */
 #define FATTN__WAVE_MIN_KV 1024u
 
-/* One entry of a step. The host fills seq..mask_row; fattn__prep fills the rest. */
+/* One entry of a step. The host stages seq..new_len (fattn__staged); prep fills the rest. */
 typedef struct fattn__entry {
   uint32_t seq;      /* page-table row */
   uint32_t q_len;    /* query tokens */
@@ -87,6 +87,25 @@ typedef struct fattn__step_hdr {
   uint32_t num_live;      /* entries before graph padding (0: all); the split policy counts these */
   uint32_t decode_resident; /* blocks an SM of the one-query decode kind (fattn__decode_resident) */
 } fattn__step_hdr;
+
+/* An entry as the planner stages it in pinned memory: 16 bytes where the full entry takes 48, so
+ * the host writes and the prep kernel reads a third of the bytes (three lines of four). */
+typedef struct fattn__staged {
+  uint32_t seq, q_len, kv_len, new_len;
+} fattn__staged;
+
+/* Entry i from its staged form: live entries i take tree-mask rows i * (rows / live) onward
+ * where the step has mask rows; padding entries (i >= num_live) none. */
+FATTN__HD void fattn__unstage(const fattn__step_hdr *h, const fattn__staged *s, uint32_t i, fattn__entry *x) {
+  const uint32_t live = h->num_live ? h->num_live : h->num_entries;
+  const uint32_t per = h->num_mask_rows && live ? h->num_mask_rows / live : 0u;
+  x->seq = s->seq;
+  x->q_len = s->q_len;
+  x->kv_len = s->kv_len;
+  x->new_len = s->new_len;
+  x->mask_row = per && i < live ? i * per : UINT32_MAX;
+  x->q_start = x->new_start = x->tile_start = x->num_splits = x->split_len = x->split_row = x->reserved = 0u;
+}
 
 /* Page-table update: row[index .. index + count) = the next count words of the payload. */
 typedef struct fattn__pt_update {

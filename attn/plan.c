@@ -174,13 +174,11 @@ static fattn_status check_batch(fattn_ctx *ctx, const fattn_batch *b, uint32_t c
 /* Checks every entry and, where `out` is given, writes each one as it passes (one pass over
  * the batch and the sequence records); sums the step's counts into info. */
 static inline __attribute__((always_inline)) fattn_status check_entries_as(fattn_ctx *ctx, const fattn_batch *b,
-                                                                           plan_info *info, fattn__entry *out,
+                                                                           plan_info *info, fattn__staged *out,
                                                                            int plain) {
   const fattn_config *c = &ctx->n.cfg;
   const uint32_t n = info->entries, stamp = ++ctx->plan_stamp;
   const entry_src src = entry_src_of(ctx, b);
-  const uint32_t mask_step = info->mask_rows ? c->spec_draft_tokens : 0u; /* 0: every row UINT32_MAX */
-  uint32_t mask_row = mask_step ? 0u : UINT32_MAX;
   fattn__seq *seqs = ctx->pages.seqs;
   uint64_t q_tokens = 0, new_tokens = 0;
   uint32_t tiles = 0;
@@ -189,10 +187,7 @@ static inline __attribute__((always_inline)) fattn_status check_entries_as(fattn
     entry_lens L = {0, 0, 0};
     if ((st = check_entry(ctx, &src, stamp, i, plain, &L))) return st;
     seqs[src.seq_ids[i]].stamp = stamp;
-    if (out)
-      out[i] = (fattn__entry){.seq = src.seq_ids[i], .q_len = L.q, .kv_len = L.kv, .new_len = L.nw,
-                              .mask_row = mask_row};
-    mask_row += mask_step;
+    if (out) out[i] = (fattn__staged){src.seq_ids[i], L.q, L.kv, L.nw};
     if (!plain) {
       q_tokens += L.q;
       new_tokens += L.nw;
@@ -215,7 +210,7 @@ static inline __attribute__((always_inline)) fattn_status check_entries_as(fattn
 }
 
 /* check_entries_as compiled twice: for batches of seq_ids alone, and for the rest. */
-static fattn_status check_entries(fattn_ctx *ctx, const fattn_batch *b, plan_info *info, fattn__entry *out) {
+static fattn_status check_entries(fattn_ctx *ctx, const fattn_batch *b, plan_info *info, fattn__staged *out) {
   if (!b->q_lens && !b->kv_lens && b->mode != FATTN_MODE_CROSS) return check_entries_as(ctx, b, info, out, 1);
   return check_entries_as(ctx, b, info, out, 0);
 }
@@ -361,7 +356,7 @@ static int changes_fit(const fattn_ctx *ctx, const fattn__plan_target *t) {
   return words <= ctx->lay.cap_words;
 }
 
-static fattn__entry *slot_entries(uint8_t *slot) { return (fattn__entry *)(slot + fattn__area_entries_off()); }
+static fattn__staged *slot_entries(uint8_t *slot) { return (fattn__staged *)(slot + fattn__area_entries_off()); }
 
 fattn_status fattn__plan_into(fattn_ctx *ctx, const fattn_batch *b, void *stream,
                               const fattn__plan_target *t) {
@@ -402,12 +397,12 @@ fattn_status fattn__plan_into(fattn_ctx *ctx, const fattn_batch *b, void *stream
     if ((st = check_entries(ctx, b, &info, slot_entries(slot)))) return st;
   }
   fattn__step_hdr *h = (fattn__step_hdr *)slot;
-  fattn__entry *e = slot_entries(slot);
+  fattn__staged *e = slot_entries(slot);
   h->num_mask_rows = info.mask_rows;
   h->num_live = info.entries;
   uint32_t padded = t->dst ? t->cap_entries : info.entries;
   for (uint32_t i = info.entries; i < padded; i++) /* kv_len 0: sees nothing, writes zeros */
-    e[i] = (fattn__entry){.q_len = t->pad_q_len, .mask_row = UINT32_MAX};
+    e[i] = (fattn__staged){0u, t->pad_q_len, 0u, 0u};
   h->num_entries = padded;
   if (info.mask_rows) memcpy(slot + fattn__area_mask_off(ctx->n.max_entries), b->tree_mask, (size_t)info.mask_rows * 8);
   if ((st = submit(ctx, slot, index, t, stream))) return st;

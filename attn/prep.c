@@ -27,6 +27,12 @@ void fattn__prep_host(fattn_ctx *ctx, uint8_t *inbox, const fattn__plan_target *
            (size_t)up[i].count * 4);
   copy_pages(ctx, (const fattn__page_copy *)(inbox + ctx->lay.slot_off_copies), h->num_page_copies);
   fattn__entry *e = (fattn__entry *)(inbox + fattn__area_entries_off());
+  /* Expanded in place from the last: entry i's 48 bytes cover only staged words past i. */
+  for (uint32_t i = h->num_entries; i-- > 0;) {
+    fattn__staged st;
+    memcpy(&st, inbox + fattn__area_entries_off() + (size_t)i * sizeof st, sizeof st);
+    fattn__unstage(h, &st, i, &e[i]);
+  }
   fattn__prep(h, e);
   if (!t->dst) return;
   memcpy(t->dst, h, sizeof *h);

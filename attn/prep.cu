@@ -66,12 +66,12 @@ __device__ void block_scan4(const unsigned long long v[4], unsigned long long ex
   __syncthreads();
 }
 
-/* Entry i of a slot: 48 bytes at a 16-byte aligned offset, as three 16-byte loads. */
-__device__ fattn__entry load_entry(const uint8_t *entries, uint32_t i) {
-  const uint4 *p = (const uint4 *)(entries + (size_t)i * sizeof(fattn__entry));
-  uint4 w[3] = {p[0], p[1], p[2]};
+/* Entry i of a slot, staged as one 16-byte word. */
+__device__ fattn__entry load_entry(const fattn__step_hdr &h, const uint8_t *entries, uint32_t i) {
+  const uint4 w = ((const uint4 *)entries)[i];
+  const fattn__staged st = {w.x, w.y, w.z, w.w};
   fattn__entry x;
-  memcpy(&x, w, sizeof x);
+  fattn__unstage(&h, &st, i, &x);
   return x;
 }
 
@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(PREP_THREADS) prep_kernel(prep_args a) {
   const uint32_t *words = (const uint32_t *)(a.slot + a.off_words);
   fattn__entry x = {};
   fattn__pt_update u = {};
-  if (tid < n) x = load_entry(se, tid);
+  if (tid < n) x = load_entry(h, se, tid);
   if (tid < nu) u = load_update(sup, tid);
   const uint32_t w0 = tid < a.num_words ? words[tid] : 0u;
   const fattn__page_copy *sc = (const fattn__page_copy *)(a.slot + a.off_copies);
@@ -135,7 +135,7 @@ __global__ void __launch_bounds__(PREP_THREADS) prep_kernel(prep_args a) {
   for (uint32_t base = 0; base < n; base += PREP_THREADS) {
     uint32_t i = base + tid;
     unsigned long long v[4] = {0, 0, 0, 0}, ex[4], tot[4];
-    if (base && i < n) x = load_entry(se, i);
+    if (base && i < n) x = load_entry(h, se, i);
     if (i < n) {
       fattn__split_of(&h, &x);
       v[0] = x.q_len, v[1] = x.new_len, v[2] = fattn__ceil_div(x.q_len, FATTN__Q_TILE), v[3] = fattn__split_rows(&x);

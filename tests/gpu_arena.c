@@ -97,7 +97,8 @@ static void expect_prep_matches(fattn_ctx *ctx, const fattn_batch *b, uint32_t n
   uint32_t used = (ctx->ring_next + ctx->n.staging_slots - 1) % ctx->n.staging_slots;
   uint8_t *staged = ctx->ring + (uint64_t)used * ctx->lay.slot_bytes;
   fattn__step_hdr want = *(fattn__step_hdr *)staged, got;
-  memcpy(want_e, staged + fattn__area_entries_off(), n * sizeof *want_e);
+  for (uint32_t i = 0; i < n; i++)
+    fattn__unstage(&want, (const fattn__staged *)(staged + fattn__area_entries_off()) + i, i, &want_e[i]);
   fattn__prep(&want, want_e);
   ck_assert_int_eq(cudaMemcpy(&got, inbox, sizeof got, cudaMemcpyDeviceToHost), cudaSuccess);
   ck_assert_int_eq(cudaMemcpy(got_e, inbox + fattn__area_entries_off(), n * sizeof *got_e, cudaMemcpyDeviceToHost),
