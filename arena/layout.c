@@ -32,6 +32,8 @@ static uint64_t slot_layout(const fattn__norm *n, fattn__layout *lay) {
   o = fattn__align_up(o + (uint64_t)lay->cap_updates * sizeof(fattn__pt_update), 16);
   lay->slot_off_copies = o;
   o = fattn__align_up(o + (uint64_t)lay->cap_copies * sizeof(fattn__page_copy), 16);
+  lay->slot_off_row_ops = o;
+  o = fattn__align_up(o + ((uint64_t)lay->cap_row_copies + lay->cap_updates) * sizeof(fattn__row_op), 16);
   lay->slot_off_words = o;
   o = fattn__align_up(o + (uint64_t)lay->cap_words * sizeof(uint32_t), FATTN__ALIGN);
   return o;
@@ -56,6 +58,7 @@ static void heap_tables(const fattn__norm *n, const fattn__layout *lay, uint64_t
       ms * 4,                                   /* closed ids */
       ms * 4,                                   /* dirty rows */
       (uint64_t)lay->cap_copies * sizeof(fattn__page_copy),
+      (uint64_t)lay->cap_row_copies * sizeof(fattn__row_op),
       (uint64_t)n->model.num_layers * sizeof(fattn_layer_opts),
       (uint64_t)n->staging_slots * sizeof(uint64_t), /* staging completion words */
       (uint64_t)(FATTN_MODE_COUNT + 1) * n->num_buckets * sizeof(fattn__graph_slot),
@@ -98,6 +101,7 @@ fattn_status fattn__layout_compute(const fattn__norm *n, fattn__layout *lay,
   lay->split_rows_cap = n->max_splits * FATTN__SPLIT_ROWS_PER_SPLIT;
   lay->cap_updates = n->max_seqs;
   lay->cap_copies = n->max_seqs;
+  lay->cap_row_copies = n->max_seqs;
   /* Room for two full rows a slot, within [4 Ki, 1 Mi] words: larger bursts take more slots. */
   uint64_t words = pps * 2 > (uint64_t)n->max_seqs * 2 ? pps * 2 : (uint64_t)n->max_seqs * 2;
   lay->cap_words = (uint32_t)(words < 4096 ? 4096 : words > (1u << 20) ? (1u << 20) : words);

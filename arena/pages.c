@@ -25,8 +25,10 @@ fattn_status fattn__pages_init(fattn_ctx *ctx) {
   p->seq_free = fattn__heap_alloc(h, ms * 4);
   p->dirty = fattn__heap_alloc(h, ms * 4);
   p->copies = fattn__heap_alloc(h, (size_t)p->cap_copies * sizeof(fattn__page_copy));
+  p->cap_row_copies = ctx->lay.cap_row_copies;
+  p->row_copies = fattn__heap_alloc(h, (size_t)p->cap_row_copies * sizeof(fattn__row_op));
   if (!p->free_stack || !p->refcount || !p->scratch || !p->table || !p->seqs || !p->seq_free ||
-      !p->dirty || !p->copies)
+      !p->dirty || !p->copies || !p->row_copies)
     return fattn__fail(ctx, FATTN_ERR_NOMEM, "host tables: the pinned slab's heap is too small");
   /* Pages come off the stack in increasing order, ids in increasing order: easy to read. */
   p->free_top = p->caller_owned ? 0 : p->num_pages;
@@ -89,12 +91,14 @@ fattn_status fattn_seq_open(fattn_ctx *ctx, uint32_t *seq) {
     return fattn__fail(ctx, FATTN_ERR_CAPACITY, "fattn_seq_open: all %u sequences are open", p->max_seqs);
   uint32_t id = p->seq_free[--p->seq_free_top];
   fattn__seq *s = &p->seqs[id];
-  uint8_t listed = s->listed;
-  uint32_t lo = s->dirty_lo, hi = s->dirty_hi;
+  /* a closed row may still have entries to ship, a row copy to receive or to give */
+  const fattn__seq keep = *s;
   memset(s, 0, sizeof *s);
-  s->listed = listed; /* a closed row may still have entries to ship */
-  s->dirty_lo = lo;
-  s->dirty_hi = hi;
+  s->listed = keep.listed;
+  s->dirty_lo = keep.dirty_lo;
+  s->dirty_hi = keep.dirty_hi;
+  s->root = keep.root;
+  s->copy = keep.copy;
   s->open = 1;
   *seq = id;
   return FATTN_OK;
@@ -143,6 +147,32 @@ fattn_status fattn_seq_reserve(fattn_ctx *ctx, uint32_t seq, uint32_t num_tokens
   return FATTN_OK;
 }
 
+/* Queues the device-side copy of src's first n entries into dst's row where it can (the rows
+ * stay disjoint: dst is no row's source and has no copy of its own), and returns from where
+ * dst's entries must still ship as words: those src had not shipped, and any its own source
+ * lacks. Where it cannot, all n ship. The copy reads the source's device row before the
+ * slot's updates, so it copies from the row a pending copy of src reads. A row has at most
+ * one pending copy, so cap_row_copies (max_seqs) always has room. */
+static uint32_t row_copy(fattn__pages *p, uint32_t src, uint32_t dst, uint32_t n) {
+  fattn__seq *s = &p->seqs[src], *d = &p->seqs[dst];
+  if (d->copy || d->root) return 0;
+  uint32_t root = src, count = n;
+  if (s->copy) {
+    const fattn__row_op *c = &p->row_copies[s->copy - 1];
+    root = c->src;
+    if (c->count < count) count = c->count;
+  }
+  if (!count) return 0;
+  p->row_copies[p->num_row_copies++] = (fattn__row_op){dst, root, 0, count};
+  d->copy = p->num_row_copies;
+  p->seqs[root].root = 1;
+  if (d->listed && d->dirty_lo < count) { /* a closed row's range: the copy rewrites [0, count) */
+    d->dirty_lo = count;
+    if (d->dirty_hi < count) d->dirty_hi = count;
+  }
+  return s->listed && s->dirty_lo < count ? s->dirty_lo : count;
+}
+
 fattn_status fattn_seq_fork(fattn_ctx *ctx, uint32_t src, uint32_t num_tokens, uint32_t *dst) {
   fattn_status st = check_seq(ctx, src, "fattn_seq_fork");
   if (st) return st;
@@ -162,11 +192,12 @@ fattn_status fattn_seq_fork(fattn_ctx *ctx, uint32_t src, uint32_t num_tokens, u
     to[i] = from[i];
     p->refcount[from[i]]++;
   }
-  p->seqs[id].npages = n;
-  p->seqs[id].len = num_tokens;
-  p->seqs[id].shared = n;
-  if (p->seqs[src].shared < n) p->seqs[src].shared = n;
-  mark(p, id, 0, n);
+  fattn__seq *s = &p->seqs[src], *d = &p->seqs[id];
+  d->npages = n;
+  d->len = num_tokens;
+  d->shared = n;
+  if (s->shared < n) s->shared = n;
+  mark(p, id, row_copy(p, src, id, n), n);
   *dst = id;
   return FATTN_OK;
 }
@@ -273,6 +304,17 @@ fattn_status fattn_check(fattn_ctx *ctx) {
   }
   if (open != fattn__seqs_open(p))
     return fattn__fail(ctx, FATTN_ERR_CORRUPT, "%u sequences open, %u ids handed out", open, fattn__seqs_open(p));
+  for (uint32_t i = 0; i < p->num_row_copies; i++) { /* pending row copies read rows none of them writes */
+    const fattn__row_op *c = &p->row_copies[i];
+    if (c->dst >= p->max_seqs || c->src >= p->max_seqs || !c->count || c->count > p->pages_per_seq ||
+        p->seqs[c->dst].copy != i + 1 || p->seqs[c->dst].root || !p->seqs[c->src].root || p->seqs[c->src].copy)
+      return fattn__fail(ctx, FATTN_ERR_CORRUPT, "row copy %u: %u entries of row %u into row %u, rows not disjoint", i,
+                         c->count, c->src, c->dst);
+  }
+  for (uint32_t q = 0; q < p->max_seqs; q++)
+    if (p->seqs[q].copy > p->num_row_copies)
+      return fattn__fail(ctx, FATTN_ERR_CORRUPT, "sequence %u: row copy %u of %u pending", q, p->seqs[q].copy,
+                         p->num_row_copies);
   if (p->caller_owned) return FATTN_OK;
   for (uint32_t q = 0; q < p->max_seqs; q++) { /* the planner skips the refcounts past `shared` */
     const fattn__seq *s = &p->seqs[q];

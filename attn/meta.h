@@ -83,6 +83,8 @@ typedef struct fattn__step_hdr {
   uint32_t causal;        /* 0 for CROSS */
   uint32_t num_pt_updates; /* page-table updates in this slot (see fattn__pt_update) */
   uint32_t num_page_copies; /* copy-on-write copies in this slot */
+  uint32_t num_row_copies; /* fork rows copied device-side, before the updates (fattn__row_op) */
+  uint32_t num_row_fills;  /* ranges set to FATTN__PAGE_NONE, beside the updates (fattn__row_op) */
   uint32_t num_mask_rows;
   uint32_t num_live;      /* entries before graph padding (0: all); the split policy counts these */
   uint32_t decode_resident; /* blocks an SM of the one-query decode kind (fattn__decode_resident) */
@@ -114,6 +116,18 @@ typedef struct fattn__pt_update {
   uint32_t count;
   uint32_t payload; /* offset of the first page id in the slot's payload words */
 } fattn__pt_update;
+
+/* Page-table work staged as a range, not as words. A copy (src a row): row dst[0 .. count) gets
+ * row src[0 .. count) as the device held it before the slot's updates, so a fork ships O(1)
+ * words; copies of a slot run concurrently (no copy's src is another's dst). A fill (src
+ * FATTN__PAGE_NONE): row dst[index .. index + count) = FATTN__PAGE_NONE, the entries a truncate
+ * or close unmapped; fills and updates of a slot touch disjoint entries. */
+typedef struct fattn__row_op {
+  uint32_t dst;
+  uint32_t src;
+  uint32_t index;
+  uint32_t count;
+} fattn__row_op;
 
 /* Copy-on-write: page dst gets page src's contents (every layer, K and V). */
 typedef struct fattn__page_copy {

@@ -247,28 +247,52 @@ static fattn_status take_slot(fattn_ctx *ctx, void *stream, uint8_t **slot, uint
   return FATTN_OK;
 }
 
-/* Moves dirty page-table ranges and pending copies into a slot, as many as fit. */
+/* Entries [dirty_lo, end) of a sequence's unshipped range lie within its pages and ship as
+ * words; the rest were unmapped since (FATTN__PAGE_NONE in the mirror) and ship as a fill. */
+static uint32_t words_end(const fattn__seq *s) {
+  const uint32_t end = s->npages < s->dirty_hi ? s->npages : s->dirty_hi;
+  return end > s->dirty_lo ? end : s->dirty_lo;
+}
+
+/* Moves the pending row copies (all: they fit), then dirty ranges as many as fit, and the
+ * page copies into a slot. Once shipped, no copy is pending: rows are free to copy again. */
 static void stage_changes(fattn_ctx *ctx, uint8_t *slot, fattn__step_hdr *h) {
   fattn__pages *p = &ctx->pages;
   fattn__pt_update *up = (fattn__pt_update *)(slot + ctx->lay.slot_off_updates);
+  fattn__row_op *ops = (fattn__row_op *)(slot + ctx->lay.slot_off_row_ops);
   uint32_t *words = (uint32_t *)(slot + ctx->lay.slot_off_words);
-  uint32_t nu = 0, nw = 0, left = p->num_dirty;
-  while (left && nu < ctx->lay.cap_updates && nw < ctx->lay.cap_words) {
-    uint32_t row = p->dirty[left - 1];
+  const uint32_t nc = p->num_row_copies, cap = ctx->lay.cap_words;
+  memcpy(ops, p->row_copies, (size_t)nc * sizeof *ops);
+  for (uint32_t i = 0; i < nc; i++) {
+    p->seqs[ops[i].dst].copy = 0;
+    p->seqs[ops[i].src].root = 0;
+  }
+  p->num_row_copies = 0;
+  fattn__row_op *fills = ops + nc;
+  uint32_t nu = 0, nf = 0, nw = 0, left = p->num_dirty;
+  while (left) {
+    const uint32_t row = p->dirty[left - 1];
     fattn__seq *s = &p->seqs[row];
-    uint32_t count = s->dirty_hi - s->dirty_lo;
-    if (count > ctx->lay.cap_words - nw) count = ctx->lay.cap_words - nw;
-    up[nu++] = (fattn__pt_update){row, s->dirty_lo, count, nw};
-    memcpy(words + nw, p->table + (size_t)row * p->pages_per_seq + s->dirty_lo, (size_t)count * 4);
-    nw += count;
-    s->dirty_lo += count;
-    if (s->dirty_lo == s->dirty_hi) {
-      s->listed = 0;
-      left--;
+    const uint32_t end = words_end(s);
+    if (s->dirty_lo < end) {
+      if (nw == cap) break;
+      const uint32_t count = end - s->dirty_lo < cap - nw ? end - s->dirty_lo : cap - nw;
+      up[nu++] = (fattn__pt_update){row, s->dirty_lo, count, nw};
+      memcpy(words + nw, p->table + (size_t)row * p->pages_per_seq + s->dirty_lo, (size_t)count * 4);
+      nw += count;
+      s->dirty_lo += count;
+      if (s->dirty_lo < end) break; /* the slot's words are full: the rest goes in the next */
     }
+    if (s->dirty_lo < s->dirty_hi)
+      fills[nf++] = (fattn__row_op){row, FATTN__PAGE_NONE, s->dirty_lo, s->dirty_hi - s->dirty_lo};
+    s->dirty_lo = s->dirty_hi;
+    s->listed = 0;
+    left--;
   }
   p->num_dirty = left;
   h->num_pt_updates = nu;
+  h->num_row_copies = nc;
+  h->num_row_fills = nf;
   memcpy(slot + ctx->lay.slot_off_copies, p->copies, (size_t)p->num_copies * sizeof(fattn__page_copy));
   h->num_page_copies = p->num_copies;
   p->num_copies = 0;
@@ -286,7 +310,8 @@ static uint32_t staged_words(const fattn_ctx *ctx, const uint8_t *slot) {
 static uint64_t used_bytes(const fattn_ctx *ctx, const uint8_t *slot) {
   const fattn__step_hdr *h = (const fattn__step_hdr *)slot;
   if (h->num_pt_updates) return ctx->lay.slot_off_words + (uint64_t)staged_words(ctx, slot) * 4;
-  return h->num_page_copies ? ctx->lay.slot_off_words : ctx->lay.slot_off_updates;
+  if (h->num_row_copies || h->num_row_fills) return ctx->lay.slot_off_words;
+  return h->num_page_copies ? ctx->lay.slot_off_row_ops : ctx->lay.slot_off_updates;
 }
 
 /* A graph's mailbox is free once the prep that read it has stored its slot's completion word
@@ -344,14 +369,14 @@ void fattn__step_bind(fattn_ctx *ctx, fattn_mode mode, uint8_t *area, uint32_t c
 }
 
 /* Whether the pending page-table changes fit the step's own slot (the usual case; not after
- * bulk forks or re-maps). Page copies bound for a graph never do: its prep node runs none. */
+ * bulk re-maps). Page and row copies bound for a graph never do: its prep node runs neither. */
 static int changes_fit(const fattn_ctx *ctx, const fattn__plan_target *t) {
   const fattn__pages *p = &ctx->pages;
-  if (p->num_dirty > ctx->lay.cap_updates || (t->box && p->num_copies)) return 0;
+  if (p->num_dirty > ctx->lay.cap_updates || (t->box && (p->num_copies || p->num_row_copies))) return 0;
   uint64_t words = 0;
   for (uint32_t i = 0; i < p->num_dirty; i++) {
     const fattn__seq *s = &p->seqs[p->dirty[i]];
-    words += s->dirty_hi - s->dirty_lo;
+    words += words_end(s) - s->dirty_lo;
   }
   return words <= ctx->lay.cap_words;
 }
@@ -383,13 +408,13 @@ fattn_status fattn__plan_into(fattn_ctx *ctx, const fattn_batch *b, void *stream
     if ((st = check_entries(ctx, b, &info, NULL))) return st;
     ctx->step.planned = 0;
     /* Changes beyond one slot's room go first, in slots that carry no entries; so do page
-     * copies bound for a graph, whose prep node launches no copy kernel. */
+     * and row copies bound for a graph, whose prep node launches no copy kernel. */
     while (1) {
       if ((st = take_slot(ctx, stream, &slot, &index))) return st;
       fattn__step_hdr *h = (fattn__step_hdr *)slot;
       fill_header(ctx, h, b->mode);
       stage_changes(ctx, slot, h);
-      if (ctx->pages.num_dirty == 0 && !(t->box && h->num_page_copies)) break;
+      if (ctx->pages.num_dirty == 0 && !(t->box && (h->num_page_copies || h->num_row_copies))) break;
       const fattn__plan_target inplace = {NULL, 0, 0, NULL};
       if ((st = submit(ctx, slot, index, &inplace, stream))) return st;
     }

@@ -1,5 +1,5 @@
 /* prep.c: the planner's device-side work done on the host for the CPU backend: apply the
- * staged page-table updates and copy-on-write copies, then derive the step metadata. */
+ * staged row copies, page-table updates, fills and copy-on-write copies, then derive the step metadata. */
 #include <string.h>
 
 #include "attn/plan.h"
@@ -21,10 +21,15 @@ void fattn__prep_host(fattn_ctx *ctx, uint8_t *inbox, const fattn__plan_target *
   fattn__step_hdr *h = (fattn__step_hdr *)inbox;
   const fattn__pt_update *up = (const fattn__pt_update *)(inbox + ctx->lay.slot_off_updates);
   const uint32_t *words = (const uint32_t *)(inbox + ctx->lay.slot_off_words);
+  const fattn__row_op *ops = (const fattn__row_op *)(inbox + ctx->lay.slot_off_row_ops);
   uint32_t *table = (uint32_t *)(ctx->dev + ctx->lay.dev_off[FATTN_REGION_PAGE_TABLE]);
+  const size_t pps = ctx->lay.pages_per_seq;
+  for (uint32_t i = 0; i < h->num_row_copies; i++) /* no copy's source is another's destination */
+    memcpy(table + ops[i].dst * pps, table + ops[i].src * pps, (size_t)ops[i].count * 4);
   for (uint32_t i = 0; i < h->num_pt_updates; i++)
-    memcpy(table + (size_t)up[i].row * ctx->lay.pages_per_seq + up[i].index, words + up[i].payload,
-           (size_t)up[i].count * 4);
+    memcpy(table + up[i].row * pps + up[i].index, words + up[i].payload, (size_t)up[i].count * 4);
+  for (uint32_t i = h->num_row_copies; i < h->num_row_copies + h->num_row_fills; i++)
+    memset(table + ops[i].dst * pps + ops[i].index, 0xff, (size_t)ops[i].count * 4); /* FATTN__PAGE_NONE */
   copy_pages(ctx, (const fattn__page_copy *)(inbox + ctx->lay.slot_off_copies), h->num_page_copies);
   fattn__entry *e = (fattn__entry *)(inbox + fattn__area_entries_off());
   /* Expanded in place from the last: entry i's 48 bytes cover only staged words past i. */

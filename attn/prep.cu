@@ -1,6 +1,7 @@
 /* prep.cu: the planner's device side. One block reads the staging slot in place from mapped
- * pinned memory, applies its page-table updates, derives the step metadata in parallel and
- * frees the slot; copy-on-write page copies get their own launch. */
+ * pinned memory, applies its page-table updates and fills, derives the step metadata in
+ * parallel and frees the slot; forks' row copies and copy-on-write page copies get launches
+ * of their own. */
 #include <cuda_runtime.h>
 
 #include "attn/pdl.h"
@@ -16,7 +17,7 @@ typedef struct prep_args {
   uint8_t *meta;              // [hdr][entries][mask rows]: the eager inbox or a graph area
   uint64_t off_entries;       // in slot and meta alike
   uint64_t slot_off_mask, meta_off_mask;
-  uint64_t off_updates, off_words, off_copies;
+  uint64_t off_updates, off_words, off_copies, off_row_ops;
   fattn__page_copy *copies;   // device copy of the slot's copies, for copy_pages_kernel
   uint32_t *table;            // [max_seqs, pages_per_seq]
   uint32_t pages_per_seq;
@@ -80,12 +81,18 @@ __device__ fattn__pt_update load_update(const uint8_t *updates, uint32_t i) {
   return fattn__pt_update{w.x, w.y, w.z, w.w};
 }
 
+__device__ fattn__row_op load_row_op(const fattn__row_op *ops, uint32_t i) {
+  uint4 w = ((const uint4 *)ops)[i];
+  return fattn__row_op{w.x, w.y, w.z, w.w};
+}
+
 /* One block. Each read of the slot is a round trip over the bus, so every list's first chunk
  * is loaded up front; then page-table words and entries in parallel (the same derivation as
  * fattn__prep, by prefix sums); last, the completion word releases the slot to the host. */
 __global__ void __launch_bounds__(PREP_THREADS) prep_kernel(prep_args a) {
   fattn__pdl_wait_alone(); /* the step before may still read the area this one writes */
   __shared__ fattn__pt_update s_up[PREP_THREADS];
+  __shared__ fattn__row_op s_fill[PREP_THREADS];
   __shared__ uint4 s_box[sizeof(fattn__mailbox) / 16];
   const uint32_t tid = threadIdx.x;
   if (a.box) { /* one round trip over the bus for everything the launch did not carry */
@@ -99,13 +106,16 @@ __global__ void __launch_bounds__(PREP_THREADS) prep_kernel(prep_args a) {
     a.num_words = m->num_words;
   }
   const fattn__step_hdr h = a.hdr;
-  const uint32_t n = h.num_entries, nu = h.num_pt_updates;
+  const uint32_t n = h.num_entries, nu = h.num_pt_updates, nf = h.num_row_fills;
   const uint8_t *se = a.slot + a.off_entries, *sup = a.slot + a.off_updates;
   const uint32_t *words = (const uint32_t *)(a.slot + a.off_words);
+  const fattn__row_op *sfill = (const fattn__row_op *)(a.slot + a.off_row_ops) + h.num_row_copies;
   fattn__entry x = {};
   fattn__pt_update u = {};
+  fattn__row_op f = {};
   if (tid < n) x = load_entry(h, se, tid);
   if (tid < nu) u = load_update(sup, tid);
+  if (tid < nf) f = load_row_op(sfill, tid);
   const uint32_t w0 = tid < a.num_words ? words[tid] : 0u;
   const fattn__page_copy *sc = (const fattn__page_copy *)(a.slot + a.off_copies);
   for (uint32_t j = tid; j < h.num_page_copies; j += blockDim.x) a.copies[j] = sc[j];
@@ -127,6 +137,20 @@ __global__ void __launch_bounds__(PREP_THREADS) prep_kernel(prep_args a) {
       }
       a.table[(size_t)s_up[lo].row * a.pages_per_seq + s_up[lo].index + (w - s_up[lo].payload)] =
           w == tid ? w0 : words[w];
+    }
+    __syncthreads();
+  }
+  /* Fills: a warp an op (entries no update of this slot touches). Stores only, no round trips
+   * but the op loads. */
+  const uint32_t lane = tid % 32, warp = tid / 32;
+  for (uint32_t fb = 0; fb < nf; fb += PREP_THREADS) {
+    if (fb && fb + tid < nf) f = load_row_op(sfill, fb + tid);
+    if (fb + tid < nf) s_fill[tid] = f;
+    __syncthreads();
+    const uint32_t cnt = nf - fb < PREP_THREADS ? nf - fb : PREP_THREADS;
+    for (uint32_t j = warp; j < cnt; j += PREP_WARPS) {
+      uint32_t *row = a.table + (size_t)s_fill[j].dst * a.pages_per_seq + s_fill[j].index;
+      for (uint32_t k = lane; k < s_fill[j].count; k += 32) row[k] = FATTN__PAGE_NONE;
     }
     __syncthreads();
   }
@@ -184,6 +208,30 @@ __global__ void copy_pages_kernel(const fattn__page_copy *c, uint32_t n, uint8_t
   }
 }
 
+/* A block a fork's row copy: row dst[0 .. count) = row src[0 .. count), both in the device
+ * table, before the prep of the same slot applies its updates (the rows of a slot's copies are
+ * disjoint: no copy's source is another's destination). The op is read over the bus. */
+__global__ void __launch_bounds__(256) copy_rows_kernel(const fattn__row_op *ops, uint32_t *table, uint32_t pps) {
+  fattn__pdl_wait_alone();
+  enum { UNROLL = 4 };
+  const fattn__row_op op = load_row_op(ops, blockIdx.x);
+  const uint32_t *__restrict__ src = table + (size_t)op.src * pps;
+  uint32_t *__restrict__ dst = table + (size_t)op.dst * pps;
+  for (uint32_t base = 0; base < op.count; base += UNROLL * blockDim.x) {
+    uint32_t v[UNROLL];
+#pragma unroll
+    for (int k = 0; k < UNROLL; k++) {
+      const uint32_t i = base + k * blockDim.x + threadIdx.x;
+      v[k] = i < op.count ? src[i] : 0u;
+    }
+#pragma unroll
+    for (int k = 0; k < UNROLL; k++) {
+      const uint32_t i = base + k * blockDim.x + threadIdx.x;
+      if (i < op.count) dst[i] = v[k];
+    }
+  }
+}
+
 /* What every prep knows before it reads a slot: where things lie. */
 static prep_args args_for(fattn_ctx *ctx, const fattn__plan_target *t) {
   uint8_t *dev = ctx->dev, *inbox = dev + ctx->lay.dev_off[FATTN_REGION_METADATA];
@@ -196,6 +244,7 @@ static prep_args args_for(fattn_ctx *ctx, const fattn__plan_target *t) {
   a.off_updates = ctx->lay.slot_off_updates;
   a.off_words = ctx->lay.slot_off_words;
   a.off_copies = ctx->lay.slot_off_copies;
+  a.off_row_ops = ctx->lay.slot_off_row_ops;
   a.copies = (fattn__page_copy *)(inbox + ctx->lay.slot_off_copies);
   a.table = (uint32_t *)(dev + ctx->lay.dev_off[FATTN_REGION_PAGE_TABLE]);
   a.pages_per_seq = ctx->lay.pages_per_seq;
@@ -221,8 +270,15 @@ extern "C" int fattn__prep_launch(fattn_ctx *ctx, const uint8_t *slot, uint32_t 
   a.num_words = num_words;
   a.done = (unsigned long long *)fattn__pinned_dev(ctx, &ctx->done[index]);
   a.seq = seq;
-  cudaError_t e = fattn__launch(prep_kernel, dim3(1), dim3(PREP_THREADS), 0, s, a);
-  if (e != cudaSuccess) { /* nothing will read the slot */
+  const uint32_t num_rows = a.hdr.num_row_copies;
+  cudaError_t e = cudaSuccess;
+  if (num_rows) /* before prep: the copies read their sources' rows before the slot's updates */
+    e = fattn__launch(copy_rows_kernel, dim3(num_rows), dim3(256), 0, s,
+                      (const fattn__row_op *)(a.slot + a.off_row_ops), a.table, a.pages_per_seq);
+  const int rows_pending = num_rows && e == cudaSuccess;
+  if (e == cudaSuccess) e = fattn__launch(prep_kernel, dim3(1), dim3(PREP_THREADS), 0, s, a);
+  if (e != cudaSuccess) { /* prep will not release the slot */
+    if (rows_pending) cudaStreamSynchronize(s); /* the row copies read it: on this failure path only */
     fattn__slot_release(ctx, index, seq);
     return (int)e;
   }

@@ -61,7 +61,7 @@ static inline int fuzz_known_status(fattn_status st) {
 static inline uint8_t *fuzz_pages_snapshot(const fattn__pages *p, size_t *bytes) {
   size_t np = p->num_pages, ms = p->max_seqs, pps = p->pages_per_seq;
   size_t n = sizeof *p + np * 8 + ms * pps * 4 + ms * sizeof(fattn__seq) + ms * 8 +
-             (size_t)p->cap_copies * sizeof(fattn__page_copy);
+             (size_t)p->cap_copies * sizeof(fattn__page_copy) + (size_t)p->cap_row_copies * sizeof(fattn__row_op);
   uint8_t *buf = malloc(n), *w = buf;
   if (!buf) FUZZ_FAIL("snapshot: out of host memory");
   fattn__pages scalars = *p;
@@ -77,7 +77,8 @@ static inline uint8_t *fuzz_pages_snapshot(const fattn__pages *p, size_t *bytes)
   }
   memcpy(w, p->seq_free, ms * 4), w += ms * 4;
   memcpy(w, p->dirty, ms * 4), w += ms * 4;
-  memcpy(w, p->copies, (size_t)p->cap_copies * sizeof(fattn__page_copy));
+  memcpy(w, p->copies, (size_t)p->cap_copies * sizeof(fattn__page_copy)), w += (size_t)p->cap_copies * sizeof(fattn__page_copy);
+  memcpy(w, p->row_copies, (size_t)p->cap_row_copies * sizeof(fattn__row_op));
   *bytes = n;
   return buf;
 }
@@ -106,14 +107,16 @@ typedef struct fuzz_image {
   size_t size;
 } fuzz_image;
 
+#define FUZZ_IMAGE_PARTS 10
 static inline size_t fuzz_image_parts(fattn_ctx *c, void **where, size_t *len) {
   fattn__pages *p = &c->pages;
   size_t np = p->num_pages, ms = p->max_seqs;
-  void *w[] = {c, p->free_stack, p->refcount, p->table, p->seqs, p->seq_free, p->dirty, p->copies,
+  void *w[] = {c, p->free_stack, p->refcount, p->table, p->seqs, p->seq_free, p->dirty, p->copies, p->row_copies,
                c->dev + c->lay.dev_off[FATTN_REGION_PAGE_TABLE]};
   size_t l[] = {sizeof *c, np * 4, np * 4, ms * p->pages_per_seq * 4, ms * sizeof(fattn__seq), ms * 4, ms * 4,
-                (size_t)p->cap_copies * sizeof(fattn__page_copy),
+                (size_t)p->cap_copies * sizeof(fattn__page_copy), (size_t)p->cap_row_copies * sizeof(fattn__row_op),
                 (size_t)c->report.region_bytes[FATTN_REGION_PAGE_TABLE]};
+  _Static_assert(sizeof w / sizeof w[0] == FUZZ_IMAGE_PARTS, "callers size their arrays by FUZZ_IMAGE_PARTS");
   memcpy(where, w, sizeof w);
   memcpy(len, l, sizeof l);
   return sizeof w / sizeof w[0];
@@ -132,8 +135,8 @@ typedef struct fuzz_cached {
 } fuzz_cached;
 
 static inline void fuzz_image_take(fattn_ctx *c, fuzz_image *img) {
-  void *w[9];
-  size_t l[9], n = fuzz_image_parts(c, w, l), total = 0;
+  void *w[FUZZ_IMAGE_PARTS];
+  size_t l[FUZZ_IMAGE_PARTS], n = fuzz_image_parts(c, w, l), total = 0;
   for (size_t i = 0; i < n; i++) total += l[i];
   img->bytes = malloc(total);
   if (!img->bytes) FUZZ_FAIL("image: out of host memory");
@@ -144,8 +147,8 @@ static inline void fuzz_image_take(fattn_ctx *c, fuzz_image *img) {
 
 static inline void fuzz_image_restore(fattn_ctx *c, const fuzz_image *img) {
   /* Part sizes come from the image's own copy of the struct, equal to the live one's. */
-  void *w[9];
-  size_t l[9], n = fuzz_image_parts(c, w, l);
+  void *w[FUZZ_IMAGE_PARTS];
+  size_t l[FUZZ_IMAGE_PARTS], n = fuzz_image_parts(c, w, l);
   const uint8_t *o = img->bytes;
   for (size_t i = 0; i < n; i++) memcpy(w[i], o, l[i]), o += l[i];
 }

@@ -42,11 +42,12 @@ typedef struct fattn__layout {
   uint32_t num_pages;
   uint32_t pages_per_seq;
   uint32_t split_rows_cap;
-  /* one staged slot: an area of max_entries, then [pt updates][copies][payload words] */
+  /* one staged slot: an area of max_entries, then [pt updates][copies][row ops][payload words] */
   uint32_t cap_updates;
   uint32_t cap_copies;
+  uint32_t cap_row_copies; /* a slot's row ops: cap_row_copies copies, then cap_updates fills */
   uint32_t cap_words;
-  uint64_t slot_off_updates, slot_off_copies, slot_off_words;
+  uint64_t slot_off_updates, slot_off_copies, slot_off_row_ops, slot_off_words;
   uint64_t slot_bytes;
   /* pinned slab: [ctx][staging ring][heap served to jemalloc] */
   uint64_t pin_off_ring;
@@ -71,7 +72,9 @@ typedef struct fattn__seq {
   uint32_t shared;   /* entries [0, shared) may be shared with a fork; later ones are its own */
   uint8_t open;
   uint8_t listed;    /* in the dirty list */
-  uint8_t pad[6];    /* 32 bytes: a record in one cache line (the array is line-aligned) */
+  uint8_t root;      /* a pending row copy reads its device row: no copy may write it */
+  uint8_t pad;       /* 32 bytes: a record in one cache line (the array is line-aligned) */
+  uint32_t copy;     /* 1 + its pending row copy in fattn__pages.row_copies, or 0 */
 } fattn__seq;
 
 typedef struct fattn__pages {
@@ -93,6 +96,9 @@ typedef struct fattn__pages {
   fattn__page_copy *copies; /* [cap_copies] copy-on-write copies not yet shipped */
   uint32_t num_copies;
   uint32_t cap_copies;
+  fattn__row_op *row_copies; /* [cap_row_copies] forks' device-side row copies not yet shipped */
+  uint32_t num_row_copies;
+  uint32_t cap_row_copies;
   uint32_t *scratch;     /* [num_pages] for fattn_check */
   uint64_t allocs, frees, cow_copies;
 } fattn__pages;
@@ -120,6 +126,7 @@ typedef struct fattn__mailbox {
   uint64_t seq;        /* the slot's use number + 1: stored in its completion word */
   uint32_t index;      /* the staging slot */
   uint32_t num_words;  /* page-table payload words in the slot */
+  uint64_t pad;        /* a whole number of 16-byte words */
 } fattn__mailbox;
 
 /* A captured graph of one (mode, bucket) and the static metadata area it reads. */

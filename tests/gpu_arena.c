@@ -83,13 +83,21 @@ static uint32_t random_batch(fattn_ctx *ctx, uint64_t *seed, fattn_mode mode, ui
   return reqs * per;
 }
 
+/* The device page table equals the host's mirror (after the stream is drained). */
+static void expect_table_equal(fattn_ctx *ctx) {
+  const size_t table_bytes = (size_t)ctx->pages.max_seqs * ctx->pages.pages_per_seq * 4;
+  uint32_t *dev_table = fattn_test_xmalloc(table_bytes);
+  ck_assert_int_eq(cudaMemcpy(dev_table, ctx->dev + ctx->lay.dev_off[FATTN_REGION_PAGE_TABLE], table_bytes,
+                              cudaMemcpyDeviceToHost),
+                   cudaSuccess);
+  ck_assert_int_eq(memcmp(dev_table, ctx->pages.table, table_bytes), 0);
+  free(dev_table);
+}
+
 /* Plans b (n entries) into NaN-poisoned metadata; the device's derivation must equal
  * fattn__prep on the host over the staged input, and its page table the host's mirror. */
 static void expect_prep_matches(fattn_ctx *ctx, const fattn_batch *b, uint32_t n) {
   uint8_t *inbox = ctx->dev + ctx->lay.dev_off[FATTN_REGION_METADATA];
-  uint8_t *table = ctx->dev + ctx->lay.dev_off[FATTN_REGION_PAGE_TABLE];
-  size_t table_bytes = (size_t)ctx->pages.max_seqs * ctx->pages.pages_per_seq * 4;
-  uint32_t *dev_table = malloc(table_bytes);
   fattn__entry *want_e = malloc(n * sizeof *want_e), *got_e = malloc(n * sizeof *got_e);
   ck_assert_int_eq(cudaMemset(inbox, 0xff, ctx->lay.slot_bytes), cudaSuccess);
   ck_assert_msg(fattn_plan(ctx, b, NULL) == FATTN_OK, "%s", fattn_detail(ctx));
@@ -106,9 +114,8 @@ static void expect_prep_matches(fattn_ctx *ctx, const fattn_batch *b, uint32_t n
   ck_assert_int_eq(memcmp(&got, &want, sizeof got), 0);
   ck_assert_int_eq(memcmp(got_e, want_e, n * sizeof *got_e), 0);
   ck_assert_uint_eq(got.num_entries, n);
-  ck_assert_int_eq(cudaMemcpy(dev_table, table, table_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-  ck_assert_int_eq(memcmp(dev_table, ctx->pages.table, table_bytes), 0);
-  free(dev_table), free(want_e), free(got_e);
+  expect_table_equal(ctx);
+  free(want_e), free(got_e);
 }
 
 /* Random batches of every decode-side mode and prefill. */
@@ -220,6 +227,56 @@ START_TEST(copy_on_write_copies_every_layer) {
 }
 END_TEST
 
+/* Plans a decode step of keeper, drains the GPU, and adds up the row copies and fills that
+ * the step's slots carried (use u of the ring is slot u % slots: only the last slots' count). */
+static void plan_keeper(fattn_ctx *ctx, uint32_t keeper, uint32_t *copies, uint32_t *fills) {
+  fattn_batch b = FATTN_BATCH_INIT;
+  b.num_seqs = 1;
+  b.seq_ids = &keeper;
+  const uint64_t taken = ctx->ring_taken;
+  ck_assert_msg(fattn_plan(ctx, &b, NULL) == FATTN_OK, "%s", fattn_detail(ctx));
+  ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
+  const uint64_t first = ctx->ring_taken - taken > ctx->n.staging_slots ? ctx->ring_taken - ctx->n.staging_slots : taken;
+  for (uint64_t u = first; u < ctx->ring_taken; u++) {
+    const fattn__step_hdr *h = (const fattn__step_hdr *)(ctx->ring + u % ctx->n.staging_slots * ctx->lay.slot_bytes);
+    *copies += h->num_row_copies, *fills += h->num_row_fills;
+  }
+  expect_table_equal(ctx);
+}
+
+/* Forks ship as device-side row copies (copy_rows_kernel), closes and truncates as fills (the
+ * prep's warps): after random windows of page operations, and after rounds of long forks, the
+ * device table equals the mirror, and the slots did carry copies and fills. */
+START_TEST(row_copies_and_fills_match_the_mirror) {
+  fattn_config c;
+  fattn_model m;
+  gpu_small(&c, &m);
+  fattn_ctx *ctx;
+  ck_assert_ok(fattn_create(&c, &m, &ctx, detail, sizeof detail));
+  uint32_t keeper, open[40], n = 0, copies = 0, fills = 0;
+  uint64_t rng = 11;
+  ck_assert_ok(fattn_seq_open(ctx, &keeper));
+  ck_assert_ok(fattn_seq_reserve(ctx, keeper, 1));
+  ck_assert_ok(fattn_seq_open(ctx, &open[n]));
+  ck_assert_ok(fattn_seq_reserve(ctx, open[n++], 1000));
+  for (int round = 0; round < 300; round++) {
+    fattn_test_page_ops(ctx, &rng, open, &n, 40, c.max_seq_len);
+    if (round % 30 == 29) /* a speculative round: two branches of every sequence, full length */
+      for (uint32_t i = 0, live = n; i < live && n + 2 <= 40; i++)
+        for (int k = 0; k < 2; k++) {
+          uint32_t len;
+          ck_assert_ok(fattn_seq_length(ctx, open[i], &len));
+          ck_assert_ok(fattn_seq_fork(ctx, open[i], len, &open[n++]));
+        }
+    plan_keeper(ctx, keeper, &copies, &fills);
+  }
+  ck_assert_uint_gt(copies, 100);
+  ck_assert_uint_gt(fills, 100);
+  ck_assert_ok(fattn_check(ctx));
+  ck_assert_ok(fattn_destroy(ctx, 1));
+}
+END_TEST
+
 /* The GPU held busy while the host plans two rings' worth of steps, each shipping new pages
  * of its own sequence: the plan that wraps onto a slot the prep kernel has not read yet must
  * wait (counted) instead of overwriting it, so every step's page-table changes reach the
@@ -300,5 +357,5 @@ END_TEST
 
 FATTN_SUITE("gpu_arena", FATTN_TEST_GPU, create_takes_one_device_and_one_pinned_allocation,
             device_and_pinned_faults_fail_cleanly, prep_kernel_matches_host_plan, prep_kernel_many_entries_and_unsplit,
-            copy_on_write_copies_every_layer, slot_reuse_waits_for_the_gpu,
+            copy_on_write_copies_every_layer, row_copies_and_fills_match_the_mirror, slot_reuse_waits_for_the_gpu,
             plan_makes_no_forbidden_call_on_gpu)

@@ -158,11 +158,34 @@ cudaError_t __wrap_cudaMemset(void *d, int v, size_t n) {
   return __real_cudaMemset(d, v, n);
 }
 
+void fattn_test_page_ops(fattn_ctx *ctx, uint64_t *rng, uint32_t *open, uint32_t *n, uint32_t cap,
+                         uint32_t max_len) {
+  for (int op = 0; op < 6; op++) {
+    const uint32_t pick = (uint32_t)(fattn_test_splitmix(rng) % *n), s = open[pick];
+    const uint32_t arg = (uint32_t)(fattn_test_splitmix(rng) % (max_len + 1));
+    uint32_t len, id;
+    ck_assert_ok(fattn_seq_length(ctx, s, &len));
+    switch (fattn_test_splitmix(rng) % 4) {
+    case 0:
+      if (*n < cap && fattn_seq_fork(ctx, s, arg % (len + 1), &id) == FATTN_OK) open[(*n)++] = id;
+      break;
+    case 1: fattn_seq_reserve(ctx, s, arg); break;
+    case 2: ck_assert_ok(fattn_seq_truncate(ctx, s, arg % (len + 1))); break;
+    default:
+      if (pick) {
+        ck_assert_ok(fattn_seq_close(ctx, s));
+        open[pick] = open[--*n];
+      }
+    }
+    ck_assert_ok(fattn_check(ctx));
+  }
+}
+
 size_t fattn_test_snapshot(const fattn_ctx *ctx, uint8_t **out) {
   const fattn__pages *p = &ctx->pages;
   size_t np = p->num_pages, ms = p->max_seqs, pps = p->pages_per_seq;
   size_t n = sizeof *p + np * 8 + ms * pps * 4 + ms * sizeof(fattn__seq) + ms * 8 +
-             p->cap_copies * sizeof(fattn__page_copy);
+             p->cap_copies * sizeof(fattn__page_copy) + p->cap_row_copies * sizeof(fattn__row_op);
   uint8_t *b = malloc(n), *w = b;
   fattn__pages scalars = *p;
   scalars.scratch = NULL; /* fattn_check's scratch is not state */
@@ -177,7 +200,8 @@ size_t fattn_test_snapshot(const fattn_ctx *ctx, uint8_t **out) {
   }
   memcpy(w, p->seq_free, ms * 4), w += ms * 4;
   memcpy(w, p->dirty, ms * 4), w += ms * 4;
-  memcpy(w, p->copies, p->cap_copies * sizeof(fattn__page_copy));
+  memcpy(w, p->copies, p->cap_copies * sizeof(fattn__page_copy)), w += p->cap_copies * sizeof(fattn__page_copy);
+  memcpy(w, p->row_copies, p->cap_row_copies * sizeof(fattn__row_op));
   *out = b;
   return n;
 }

@@ -54,6 +54,12 @@ static inline uint32_t fattn_test_rand(uint64_t *s) {
   return (uint32_t)(*s >> 33);
 }
 
+/* Six random page operations (fork, reserve, truncate, close) on the *n sequences in open
+ * (at most cap, the first never closed), each followed by fattn_check: what a speculative
+ * scheduler does between plans. Reserves may run out of pages (then change nothing). */
+void fattn_test_page_ops(fattn_ctx *ctx, uint64_t *rng, uint32_t *open, uint32_t *n, uint32_t cap,
+                         uint32_t max_len);
+
 /* Everything the page allocator owns, as one malloc'd byte string (free it): equal
  * snapshots before and after a rejected call prove it changed nothing. */
 size_t fattn_test_snapshot(const fattn_ctx *ctx, uint8_t **out);

@@ -20,15 +20,16 @@ START_TEST(plan_llama8b_exact) {
   ck_assert_uint_eq(r.region_bytes[FATTN_REGION_K_POOL], 32ull * 40960 * 16 * 8 * 128 * 2);
   ck_assert_uint_eq(r.region_bytes[FATTN_REGION_V_POOL], 42949672960ull);
   ck_assert_uint_eq(r.region_bytes[FATTN_REGION_PAGE_TABLE], 256ull * 8192 * 4);
-  /* slot: hdr 64 + 256 entries x 48 + 256 updates x 16 + 256 copies x 8 + 16384 words x 4 */
-  ck_assert_uint_eq(r.region_bytes[FATTN_REGION_METADATA], 84224ull);
+  /* slot: hdr 72 (80 aligned) + 256 entries x 48 + 256 updates x 16 + 256 copies x 8
+   * + (256 row copies + 256 fills) x 16 + 16384 words x 4, 256 aligned */
+  ck_assert_uint_eq(r.region_bytes[FATTN_REGION_METADATA], 92416ull);
   /* 32 splits x 64 rows x 32 heads x (128 + 1) floats, then 2 scheduler words (256 aligned) */
   ck_assert_uint_eq(r.region_bytes[FATTN_REGION_SPLIT_WORKSPACE], 33816576ull + 256);
   ck_assert_uint_eq(r.region_bytes[FATTN_REGION_GRAPH_STATIC], 0ull);
   ck_assert_uint_eq(r.region_bytes[FATTN_REGION_MODEL], 4096ull);
-  ck_assert_uint_eq(r.device_bytes, 85941639424ull + 256);
+  ck_assert_uint_eq(r.device_bytes, 85941647616ull + 256);
   ck_assert_uint_eq(r.pinned_bytes, r.region_bytes[FATTN_REGION_PINNED_STAGING]);
-  ck_assert(r.pinned_bytes > 4ull * 84224 + 8192ull * 4 * 256);
+  ck_assert(r.pinned_bytes > 4ull * 92416 + 8192ull * 4 * 256);
 }
 END_TEST
 
@@ -57,12 +58,12 @@ START_TEST(plan_fp8_mla_and_graphs) {
   c.spec_draft_tokens = 8;
   c.graph_modes = (1u << FATTN_MODE_DECODE) | (1u << FATTN_MODE_DRAFT_DECODE) | (1u << FATTN_MODE_TARGET_VERIFY);
   ck_assert_ok(fattn_memory_plan(&c, &m, &r, detail, sizeof detail));
-  /* buckets for max_batch 8: 1 2 4 8; area = 64 + entries*48 (+ mask rows*8), 256-aligned */
-  ck_assert_uint_eq(r.graph_bytes_per_mode[FATTN_MODE_DECODE], 256ull + 256 + 256 + 512);
-  /* 4 branch entries a request: 64 + 192, 64 + 384, 64 + 768, 64 + 1536 */
-  ck_assert_uint_eq(r.graph_bytes_per_mode[FATTN_MODE_DRAFT_DECODE], 256ull + 512 + 1024 + 1792);
-  /* 8 mask rows a request: 64 + 48 + 64, 64 + 96 + 128, 64 + 192 + 256, 64 + 384 + 512 */
-  ck_assert_uint_eq(r.graph_bytes_per_mode[FATTN_MODE_TARGET_VERIFY], 256ull + 512 + 512 + 1024);
+  /* buckets for max_batch 8: 1 2 4 8; area = 80 + entries*48 (+ mask rows*8), 256-aligned */
+  ck_assert_uint_eq(r.graph_bytes_per_mode[FATTN_MODE_DECODE], 256ull + 256 + 512 + 512);
+  /* 4 branch entries a request: 80 + 192, 80 + 384, 80 + 768, 80 + 1536 */
+  ck_assert_uint_eq(r.graph_bytes_per_mode[FATTN_MODE_DRAFT_DECODE], 512ull + 512 + 1024 + 1792);
+  /* 8 mask rows a request: 80 + 48 + 64, 80 + 96 + 128, 80 + 192 + 256, 80 + 384 + 512 */
+  ck_assert_uint_eq(r.graph_bytes_per_mode[FATTN_MODE_TARGET_VERIFY], 256ull + 512 + 768 + 1024);
   ck_assert_uint_eq(r.region_bytes[FATTN_REGION_GRAPH_STATIC],
                     r.graph_bytes_per_mode[FATTN_MODE_DECODE] + r.graph_bytes_per_mode[FATTN_MODE_DRAFT_DECODE] +
                         r.graph_bytes_per_mode[FATTN_MODE_TARGET_VERIFY]);
