@@ -212,9 +212,9 @@ __global__ void copy_pages_kernel(const fattn__page_copy *c, uint32_t n, uint8_t
  * table, before the prep of the same slot applies its updates (the rows of a slot's copies are
  * disjoint: no copy's source is another's destination). The op is read over the bus. */
 __global__ void __launch_bounds__(256) copy_rows_kernel(const fattn__row_op *ops, uint32_t *table, uint32_t pps) {
-  fattn__pdl_wait_alone();
   enum { UNROLL = 4 };
-  const fattn__row_op op = load_row_op(ops, blockIdx.x);
+  const fattn__row_op op = load_row_op(ops, blockIdx.x); /* the host's, so before the wait */
+  fattn__pdl_wait_alone();
   const uint32_t *__restrict__ src = table + (size_t)op.src * pps;
   uint32_t *__restrict__ dst = table + (size_t)op.dst * pps;
   for (uint32_t base = 0; base < op.count; base += UNROLL * blockDim.x) {

@@ -259,7 +259,8 @@ START_TEST(row_copies_and_fills_match_the_mirror) {
   ck_assert_ok(fattn_seq_reserve(ctx, keeper, 1));
   ck_assert_ok(fattn_seq_open(ctx, &open[n]));
   ck_assert_ok(fattn_seq_reserve(ctx, open[n++], 1000));
-  for (int round = 0; round < 300; round++) {
+  const int rounds = getenv("FATTN_TEST_QUICK") ? 60 : 300; /* under compute-sanitizer */
+  for (int round = 0; round < rounds; round++) {
     fattn_test_page_ops(ctx, &rng, open, &n, 40, c.max_seq_len);
     if (round % 30 == 29) /* a speculative round: two branches of every sequence, full length */
       for (uint32_t i = 0, live = n; i < live && n + 2 <= 40; i++)
@@ -270,8 +271,8 @@ START_TEST(row_copies_and_fills_match_the_mirror) {
         }
     plan_keeper(ctx, keeper, &copies, &fills);
   }
-  ck_assert_uint_gt(copies, 100);
-  ck_assert_uint_gt(fills, 100);
+  ck_assert_uint_gt(copies, (uint32_t)rounds / 3); /* the rounds did exercise both */
+  ck_assert_uint_gt(fills, (uint32_t)rounds / 3);
   ck_assert_ok(fattn_check(ctx));
   ck_assert_ok(fattn_destroy(ctx, 1));
 }
