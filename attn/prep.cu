@@ -192,18 +192,58 @@ __global__ void __launch_bounds__(PREP_THREADS) prep_kernel(prep_args a) {
   if (tid == 0) asm volatile("st.release.sys.u64 [%0], %1;" ::"l"(a.done), "l"(a.seq) : "memory");
 }
 
-/* Block (layer, pool) performs every copy in queue order: a queue can chain (0->1 then
- * 1->2) or reuse a page, so copies of one layer and pool must not run concurrently. */
-__global__ void copy_pages_kernel(const fattn__page_copy *c, uint32_t n, uint8_t *k_pool, uint8_t *v_pool,
-                                  uint64_t k_layer, uint64_t v_layer, uint64_t k_page, uint64_t v_page) {
+enum { COPY_THREADS = 512, COPY_LISTED = 2048, COPY_UNROLL = 4 };
+
+/* Whether no copy of the queue reads or writes a page that another writes (a page taken twice,
+ * or one copy's source another's destination): then the copies may run in any order. Every
+ * thread of the block gets the answer; past COPY_LISTED copies it answers no. */
+__device__ int copies_independent(const fattn__page_copy *c, uint32_t n) {
+  __shared__ fattn__page_copy s_c[COPY_LISTED];
+  if (n > COPY_LISTED) return 0;
+  for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) s_c[i] = c[i];
+  __syncthreads();
+  int clash = 0;
+  for (uint32_t i = threadIdx.x; i < n && !clash; i += blockDim.x)
+    for (uint32_t j = 0; j < n; j++)
+      if (s_c[j].dst == s_c[i].src || (j != i && s_c[j].dst == s_c[i].dst)) {
+        clash = 1;
+        break;
+      }
+  return !__syncthreads_or(clash);
+}
+
+/* Blocks (layer, pool, part). Independent copies: the parts share every (copy, 16-byte word)
+ * pair of their (layer, pool), COPY_UNROLL loads in flight a thread. Otherwise a queue can chain
+ * (0->1 then 1->2) or reuse a page, so part 0 performs the copies in queue order, alone. */
+__global__ void __launch_bounds__(COPY_THREADS) copy_pages_kernel(const fattn__page_copy *c, uint32_t n,
+                                                                  uint8_t *k_pool, uint8_t *v_pool, uint64_t k_layer,
+                                                                  uint64_t v_layer, uint64_t k_page, uint64_t v_page) {
   fattn__pdl_wait_alone();
   const int is_v = blockIdx.y;
-  uint64_t page = is_v ? v_page : k_page;
+  const uint64_t page = is_v ? v_page : k_page, words = page / 16;
   uint8_t *base = (is_v ? v_pool + blockIdx.x * v_layer : k_pool + blockIdx.x * k_layer);
+  if (n * words < (1ull << 31) && copies_independent(c, n)) { /* 32-bit indices below, no wrap */
+    const uint32_t total = (uint32_t)(n * words), stride = gridDim.z * blockDim.x, w = (uint32_t)words;
+    for (uint32_t f0 = blockIdx.z * blockDim.x + threadIdx.x; f0 < total; f0 += COPY_UNROLL * stride) {
+      uint4 v[COPY_UNROLL];
+#pragma unroll
+      for (int k = 0; k < COPY_UNROLL; k++) {
+        const uint32_t f = f0 + k * stride;
+        if (f < total) v[k] = ((const uint4 *)(base + c[f / w].src * page))[f % w];
+      }
+#pragma unroll
+      for (int k = 0; k < COPY_UNROLL; k++) {
+        const uint32_t f = f0 + k * stride;
+        if (f < total) ((uint4 *)(base + c[f / w].dst * page))[f % w] = v[k];
+      }
+    }
+    return;
+  }
+  if (blockIdx.z) return;
   for (uint32_t i = 0; i < n; i++) {
     const uint4 *src = (const uint4 *)(base + c[i].src * page);
     uint4 *dst = (uint4 *)(base + c[i].dst * page);
-    for (uint64_t j = threadIdx.x; j < page / 16; j += blockDim.x) dst[j] = src[j];
+    for (uint64_t j = threadIdx.x; j < words; j += blockDim.x) dst[j] = src[j];
     __syncthreads();
   }
 }
@@ -285,8 +325,10 @@ extern "C" int fattn__prep_launch(fattn_ctx *ctx, const uint8_t *slot, uint32_t 
   const uint32_t num_copies = a.hdr.num_page_copies;
   if (num_copies) { /* after prep, which moved the copy list to the device */
     const uint64_t k_page = ctx->lay.k_page_bytes, v_page = ctx->lay.v_page_bytes;
-    dim3 grid(ctx->n.model.num_layers, v_page ? 2 : 1);
-    return (int)fattn__launch(copy_pages_kernel, grid, dim3(512), 0, s, (const fattn__page_copy *)a.copies, num_copies,
+    const uint32_t pools = ctx->n.model.num_layers * (v_page ? 2u : 1u);
+    const uint32_t parts = 4u * ctx->num_sms > pools ? (4u * ctx->num_sms + pools - 1) / pools : 1u; /* ~4 blocks an SM */
+    dim3 grid(ctx->n.model.num_layers, v_page ? 2 : 1, parts);
+    return (int)fattn__launch(copy_pages_kernel, grid, dim3(COPY_THREADS), 0, s, (const fattn__page_copy *)a.copies, num_copies,
                               dev + ctx->lay.dev_off[FATTN_REGION_K_POOL], dev + ctx->lay.dev_off[FATTN_REGION_V_POOL],
                               ctx->lay.k_layer_bytes, ctx->lay.v_layer_bytes, k_page, v_page);
   }

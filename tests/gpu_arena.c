@@ -184,7 +184,7 @@ static uint8_t *pool_page(fattn_ctx *ctx, uint32_t l, int pool, uint32_t page, s
 }
 
 /* Copy-on-write on the device: the fork's private tail page holds the parent's bytes, also
- * when copies chain within one plan (a -> b, then b -> c). */
+ * when copies chain within one plan (a -> b, then b -> c), and when many are independent. */
 START_TEST(copy_on_write_copies_every_layer) {
   fattn_config c;
   fattn_model m;
@@ -221,6 +221,25 @@ START_TEST(copy_on_write_copies_every_layer) {
       ck_assert_int_eq(cudaMemcpy(back, src, page, cudaMemcpyDeviceToHost), cudaSuccess);
       ck_assert_msg(memcmp(back, pattern, page) == 0, "layer %u pool %d not copied", l, pool);
     }
+  /* Independent copies (one source, six destinations), which the kernel's parts share. */
+  uint32_t br[6], dst[6];
+  for (int k = 0; k < 6; k++) {
+    ck_assert_ok(fattn_seq_fork(ctx, a, 6, &br[k]));
+    ck_assert_ok(fattn_seq_reserve(ctx, br[k], 7));
+    dst[k] = ctx->pages.table[(size_t)br[k] * ctx->pages.pages_per_seq + 1];
+    ck_assert_uint_ne(dst[k], tail);
+  }
+  ck_assert_uint_eq(ctx->pages.num_copies, 6);
+  b.seq_ids = &br[0];
+  ck_assert_ok(fattn_plan(ctx, &b, NULL));
+  ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
+  for (int k = 0; k < 6; k++)
+    for (uint32_t l = 0; l < m.num_layers; l++)
+      for (int pool = 0; pool < 2; pool++) {
+        uint8_t *src = pool_page(ctx, l, pool, dst[k], page, pattern);
+        ck_assert_int_eq(cudaMemcpy(back, src, page, cudaMemcpyDeviceToHost), cudaSuccess);
+        ck_assert_msg(memcmp(back, pattern, page) == 0, "copy %d layer %u pool %d not copied", k, l, pool);
+      }
   free(pattern);
   free(back);
   ck_assert_ok(fattn_destroy(ctx, 1));
