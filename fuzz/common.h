@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "lib/internal.h"
+#include "tests/snapshot.h"
 
 /* Any broken expectation is a finding: say what differed, then trap for libFuzzer. */
 #define FUZZ_FAIL(...)                                   \
@@ -56,30 +57,10 @@ static inline int fuzz_known_status(fattn_status st) {
   return 0;
 }
 
-/* The allocator's whole state, as tests/test_pages.c compares it: fattn_check's scratch
- * and each sequence's duplicate-detection stamp are not state. Caller frees. */
+/* The allocator's whole state (tests/snapshot.h). Caller frees. */
 static inline uint8_t *fuzz_pages_snapshot(const fattn__pages *p, size_t *bytes) {
-  size_t np = p->num_pages, ms = p->max_seqs, pps = p->pages_per_seq;
-  size_t n = sizeof *p + np * 8 + ms * pps * 4 + ms * sizeof(fattn__seq) + ms * 8 +
-             (size_t)p->cap_copies * sizeof(fattn__page_copy) + (size_t)p->cap_row_copies * sizeof(fattn__row_op);
-  uint8_t *buf = malloc(n), *w = buf;
+  uint8_t *buf = fattn_pages_snapshot(p, bytes);
   if (!buf) FUZZ_FAIL("snapshot: out of host memory");
-  fattn__pages scalars = *p;
-  scalars.scratch = NULL;
-  memcpy(w, &scalars, sizeof scalars), w += sizeof scalars;
-  memcpy(w, p->free_stack, np * 4), w += np * 4;
-  memcpy(w, p->refcount, np * 4), w += np * 4;
-  memcpy(w, p->table, ms * pps * 4), w += ms * pps * 4;
-  for (size_t i = 0; i < ms; i++) {
-    fattn__seq s = p->seqs[i];
-    s.stamp = 0;
-    memcpy(w, &s, sizeof s), w += sizeof s;
-  }
-  memcpy(w, p->seq_free, ms * 4), w += ms * 4;
-  memcpy(w, p->dirty, ms * 4), w += ms * 4;
-  memcpy(w, p->copies, (size_t)p->cap_copies * sizeof(fattn__page_copy)), w += (size_t)p->cap_copies * sizeof(fattn__page_copy);
-  memcpy(w, p->row_copies, (size_t)p->cap_row_copies * sizeof(fattn__row_op));
-  *bytes = n;
   return buf;
 }
 

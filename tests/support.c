@@ -1,6 +1,7 @@
 /* support.c: what every test binary links: device count, and counting wrappers over the
  * allocation and synchronising calls the hot path must never make, with fault injection. */
 #include "tests/support.h"
+#include "tests/snapshot.h"
 
 #include "lib/internal.h"
 
@@ -182,26 +183,8 @@ void fattn_test_page_ops(fattn_ctx *ctx, uint64_t *rng, uint32_t *open, uint32_t
 }
 
 size_t fattn_test_snapshot(const fattn_ctx *ctx, uint8_t **out) {
-  const fattn__pages *p = &ctx->pages;
-  size_t np = p->num_pages, ms = p->max_seqs, pps = p->pages_per_seq;
-  size_t n = sizeof *p + np * 8 + ms * pps * 4 + ms * sizeof(fattn__seq) + ms * 8 +
-             p->cap_copies * sizeof(fattn__page_copy) + p->cap_row_copies * sizeof(fattn__row_op);
-  uint8_t *b = malloc(n), *w = b;
-  fattn__pages scalars = *p;
-  scalars.scratch = NULL; /* fattn_check's scratch is not state */
-  memcpy(w, &scalars, sizeof scalars), w += sizeof scalars;
-  memcpy(w, p->free_stack, np * 4), w += np * 4;
-  memcpy(w, p->refcount, np * 4), w += np * 4;
-  memcpy(w, p->table, ms * pps * 4), w += ms * pps * 4;
-  for (size_t i = 0; i < ms; i++) { /* the duplicate-detection stamp is not state */
-    fattn__seq s = p->seqs[i];
-    s.stamp = 0;
-    memcpy(w, &s, sizeof s), w += sizeof s;
-  }
-  memcpy(w, p->seq_free, ms * 4), w += ms * 4;
-  memcpy(w, p->dirty, ms * 4), w += ms * 4;
-  memcpy(w, p->copies, p->cap_copies * sizeof(fattn__page_copy)), w += p->cap_copies * sizeof(fattn__page_copy);
-  memcpy(w, p->row_copies, p->cap_row_copies * sizeof(fattn__row_op));
-  *out = b;
+  size_t n = 0;
+  *out = fattn_pages_snapshot(&ctx->pages, &n);
+  ck_assert_ptr_nonnull(*out);
   return n;
 }
