@@ -16,6 +16,7 @@ fattn_status fattn__pages_init(fattn_ctx *ctx) {
   p->max_seq_len = ctx->n.cfg.max_seq_len;
   p->caller_owned = (ctx->n.cfg.flags & FATTN_FLAG_CALLER_PAGES) != 0;
   p->cap_copies = ctx->lay.cap_copies;
+  p->copy_stamp = 1u << 31; /* above any count fattn_check leaves in scratch */
   size_t np = p->num_pages, ms = p->max_seqs;
   p->free_stack = fattn__heap_alloc(h, np * 4);
   p->refcount = fattn__heap_alloc(h, np * 4);

@@ -83,6 +83,7 @@ typedef struct fattn__step_hdr {
   uint32_t causal;        /* 0 for CROSS */
   uint32_t num_pt_updates; /* page-table updates in this slot (see fattn__pt_update) */
   uint32_t num_page_copies; /* copy-on-write copies in this slot */
+  uint32_t page_copies_chained; /* a copy reads or writes a page another writes: run them in order */
   uint32_t num_row_copies; /* fork rows copied device-side, before the updates (fattn__row_op) */
   uint32_t num_row_fills;  /* ranges set to FATTN__PAGE_NONE, beside the updates (fattn__row_op) */
   uint32_t num_mask_rows;

@@ -254,6 +254,22 @@ static uint32_t words_end(const fattn__seq *s) {
   return end > s->dirty_lo ? end : s->dirty_lo;
 }
 
+/* Whether a pending copy writes a page that another reads or writes (a page taken twice, or a
+ * copy of a copy): then the device runs them in queue order. O(copies): each destination is
+ * stamped in scratch. Stamps rise from 2^31, above fattn_check's counts there; a stale one
+ * that matched would only send independent copies down the ordered path, never the reverse. */
+static uint32_t copies_chained(fattn__pages *p) {
+  const fattn__page_copy *c = p->copies;
+  const uint32_t stamp = ++p->copy_stamp;
+  uint32_t clash = 0;
+  for (uint32_t i = 0; i < p->num_copies; i++) {
+    clash |= p->scratch[c[i].dst] == stamp;
+    p->scratch[c[i].dst] = stamp;
+  }
+  for (uint32_t i = 0; i < p->num_copies && !clash; i++) clash = p->scratch[c[i].src] == stamp;
+  return clash;
+}
+
 /* Moves the pending row copies (all: they fit), then dirty ranges as many as fit, and the
  * page copies into a slot. Once shipped, no copy is pending: rows are free to copy again. */
 static void stage_changes(fattn_ctx *ctx, uint8_t *slot, fattn__step_hdr *h) {
@@ -295,6 +311,7 @@ static void stage_changes(fattn_ctx *ctx, uint8_t *slot, fattn__step_hdr *h) {
   h->num_row_fills = nf;
   memcpy(slot + ctx->lay.slot_off_copies, p->copies, (size_t)p->num_copies * sizeof(fattn__page_copy));
   h->num_page_copies = p->num_copies;
+  h->page_copies_chained = copies_chained(p);
   p->num_copies = 0;
 }
 

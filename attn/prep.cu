@@ -192,59 +192,42 @@ __global__ void __launch_bounds__(PREP_THREADS) prep_kernel(prep_args a) {
   if (tid == 0) asm volatile("st.release.sys.u64 [%0], %1;" ::"l"(a.done), "l"(a.seq) : "memory");
 }
 
-enum { COPY_THREADS = 512, COPY_LISTED = 2048, COPY_UNROLL = 4 };
+enum { COPY_THREADS = 256, COPY_UNROLL = 8, COPY_BLOCKS_PER_SM = 4 };
 
-/* Whether no copy of the queue reads or writes a page that another writes (a page taken twice,
- * or one copy's source another's destination): then the copies may run in any order. Every
- * thread of the block gets the answer; past COPY_LISTED copies it answers no. */
-__device__ int copies_independent(const fattn__page_copy *c, uint32_t n) {
-  __shared__ fattn__page_copy s_c[COPY_LISTED];
-  if (n > COPY_LISTED) return 0;
-  for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) s_c[i] = c[i];
-  __syncthreads();
-  int clash = 0;
-  for (uint32_t i = threadIdx.x; i < n && !clash; i += blockDim.x)
-    for (uint32_t j = 0; j < n; j++)
-      if (s_c[j].dst == s_c[i].src || (j != i && s_c[j].dst == s_c[i].dst)) {
-        clash = 1;
-        break;
-      }
-  return !__syncthreads_or(clash);
-}
-
-/* Blocks (layer, pool, part). Independent copies: the parts share every (copy, 16-byte word)
- * pair of their (layer, pool), COPY_UNROLL loads in flight a thread. Otherwise a queue can chain
- * (0->1 then 1->2) or reuse a page, so part 0 performs the copies in queue order, alone. */
-__global__ void __launch_bounds__(COPY_THREADS) copy_pages_kernel(const fattn__page_copy *c, uint32_t n,
+/* Blocks (layer, pool, part). Independent copies (the planner found no page that one copy
+ * writes and another reads or writes): part z copies whole pages z, z + parts, ..., each
+ * thread COPY_UNROLL 16-byte words in flight, so a 32 KiB page is one round trip of a block.
+ * Chained copies (0->1 then 1->2, or a page taken twice) run in queue order in part 0. */
+__global__ void __launch_bounds__(COPY_THREADS) copy_pages_kernel(const fattn__page_copy *c, uint32_t n, uint32_t chained,
                                                                   uint8_t *k_pool, uint8_t *v_pool, uint64_t k_layer,
                                                                   uint64_t v_layer, uint64_t k_page, uint64_t v_page) {
   fattn__pdl_wait_alone();
   const int is_v = blockIdx.y;
   const uint64_t page = is_v ? v_page : k_page, words = page / 16;
   uint8_t *base = (is_v ? v_pool + blockIdx.x * v_layer : k_pool + blockIdx.x * k_layer);
-  if (n * words < (1ull << 31) && copies_independent(c, n)) { /* 32-bit indices below, no wrap */
-    const uint32_t total = (uint32_t)(n * words), stride = gridDim.z * blockDim.x, w = (uint32_t)words;
-    for (uint32_t f0 = blockIdx.z * blockDim.x + threadIdx.x; f0 < total; f0 += COPY_UNROLL * stride) {
-      uint4 v[COPY_UNROLL];
-#pragma unroll
-      for (int k = 0; k < COPY_UNROLL; k++) {
-        const uint32_t f = f0 + k * stride;
-        if (f < total) v[k] = ((const uint4 *)(base + c[f / w].src * page))[f % w];
-      }
-#pragma unroll
-      for (int k = 0; k < COPY_UNROLL; k++) {
-        const uint32_t f = f0 + k * stride;
-        if (f < total) ((uint4 *)(base + c[f / w].dst * page))[f % w] = v[k];
-      }
+  if (chained) {
+    if (blockIdx.z) return;
+    for (uint32_t i = 0; i < n; i++) {
+      const uint4 *src = (const uint4 *)(base + c[i].src * page);
+      uint4 *dst = (uint4 *)(base + c[i].dst * page);
+      for (uint64_t j = threadIdx.x; j < words; j += blockDim.x) dst[j] = src[j];
+      __syncthreads();
     }
     return;
   }
-  if (blockIdx.z) return;
-  for (uint32_t i = 0; i < n; i++) {
-    const uint4 *src = (const uint4 *)(base + c[i].src * page);
-    uint4 *dst = (uint4 *)(base + c[i].dst * page);
-    for (uint64_t j = threadIdx.x; j < words; j += blockDim.x) dst[j] = src[j];
-    __syncthreads();
+  for (uint32_t i = blockIdx.z; i < n; i += gridDim.z) {
+    const fattn__page_copy pc = c[i];
+    const uint4 *__restrict__ src = (const uint4 *)(base + pc.src * page);
+    uint4 *__restrict__ dst = (uint4 *)(base + pc.dst * page);
+    for (uint64_t j0 = threadIdx.x; j0 < words; j0 += COPY_UNROLL * blockDim.x) {
+      uint4 v[COPY_UNROLL];
+#pragma unroll
+      for (int k = 0; k < COPY_UNROLL; k++)
+        if (j0 + k * blockDim.x < words) v[k] = src[j0 + k * blockDim.x];
+#pragma unroll
+      for (int k = 0; k < COPY_UNROLL; k++)
+        if (j0 + k * blockDim.x < words) dst[j0 + k * blockDim.x] = v[k];
+    }
   }
 }
 
@@ -326,9 +309,11 @@ extern "C" int fattn__prep_launch(fattn_ctx *ctx, const uint8_t *slot, uint32_t 
   if (num_copies) { /* after prep, which moved the copy list to the device */
     const uint64_t k_page = ctx->lay.k_page_bytes, v_page = ctx->lay.v_page_bytes;
     const uint32_t pools = ctx->n.model.num_layers * (v_page ? 2u : 1u);
-    const uint32_t parts = 4u * ctx->num_sms > pools ? (4u * ctx->num_sms + pools - 1) / pools : 1u; /* ~4 blocks an SM */
+    const uint32_t want = COPY_BLOCKS_PER_SM * ctx->num_sms, per_pool = want > pools ? (want + pools - 1) / pools : 1u;
+    const uint32_t parts = a.hdr.page_copies_chained ? 1u : per_pool < num_copies ? per_pool : num_copies;
     dim3 grid(ctx->n.model.num_layers, v_page ? 2 : 1, parts);
     return (int)fattn__launch(copy_pages_kernel, grid, dim3(COPY_THREADS), 0, s, (const fattn__page_copy *)a.copies, num_copies,
+                              a.hdr.page_copies_chained,
                               dev + ctx->lay.dev_off[FATTN_REGION_K_POOL], dev + ctx->lay.dev_off[FATTN_REGION_V_POOL],
                               ctx->lay.k_layer_bytes, ctx->lay.v_layer_bytes, k_page, v_page);
   }

@@ -99,7 +99,8 @@ typedef struct fattn__pages {
   fattn__row_op *row_copies; /* [cap_row_copies] forks' device-side row copies not yet shipped */
   uint32_t num_row_copies;
   uint32_t cap_row_copies;
-  uint32_t *scratch;     /* [num_pages] for fattn_check */
+  uint32_t *scratch;     /* [num_pages] for fattn_check, and the planner's copy-clash stamps */
+  uint32_t copy_stamp;   /* the last stamp the planner wrote into scratch */
   uint64_t allocs, frees, cow_copies;
 } fattn__pages;
 
@@ -126,7 +127,6 @@ typedef struct fattn__mailbox {
   uint64_t seq;        /* the slot's use number + 1: stored in its completion word */
   uint32_t index;      /* the staging slot */
   uint32_t num_words;  /* page-table payload words in the slot */
-  uint64_t pad;        /* a whole number of 16-byte words */
 } fattn__mailbox;
 
 /* A captured graph of one (mode, bucket) and the static metadata area it reads. */

@@ -1,5 +1,6 @@
 /* test_rows.c: page-table changes shipped as ranges on the CPU backend: a fork's row as one
- * device-side copy, entries a close or truncate unmapped as one fill; device table == mirror. */
+ * device-side copy, entries a close or truncate unmapped as one fill; device table == mirror;
+ * copy-on-write copies flagged chained exactly where one writes a page another touches. */
 #include <stdlib.h>
 
 #include "lib/internal.h"
@@ -33,23 +34,37 @@ static uint32_t seq_with(uint32_t len) {
 
 /* What one staging slot carried: on the CPU the slot is copied into the inbox, where it stays. */
 typedef struct shipped {
-  uint32_t row_copies, fills, updates, words;
+  uint32_t row_copies, fills, updates, words, page_copies, chained;
   const fattn__row_op *ops; /* [row_copies][fills] */
 } shipped;
 
+/* Whether a pending copy-on-write copy writes a page that another reads or writes, by the
+ * definition: every pair. */
+static uint32_t copies_clash(void) {
+  const fattn__page_copy *c = ctx->pages.copies;
+  for (uint32_t i = 0; i < ctx->pages.num_copies; i++)
+    for (uint32_t j = 0; j < ctx->pages.num_copies; j++)
+      if (c[j].dst == c[i].src || (i != j && c[j].dst == c[i].dst)) return 1;
+  return 0;
+}
+
 /* Plans a decode step of the keeper, in one slot, and returns what the slot shipped; the
- * device page table then equals the mirror, and the allocator passes its checker. */
+ * device page table then equals the mirror, the allocator passes its checker, and the page
+ * copies are flagged chained exactly where they clash. */
 static shipped plan(void) {
   fattn_batch b = FATTN_BATCH_INIT;
   b.num_seqs = 1, b.seq_ids = &keeper;
   const uint64_t taken = ctx->ring_taken;
+  const uint32_t pending = ctx->pages.num_copies, clash = copies_clash();
   ck_assert_msg(fattn_plan(ctx, &b, NULL) == FATTN_OK, "%s", fattn_detail(ctx));
   ck_assert_uint_eq(ctx->ring_taken, taken + 1);
   const uint8_t *inbox = ctx->dev + ctx->lay.dev_off[FATTN_REGION_METADATA];
   const fattn__step_hdr *h = (const fattn__step_hdr *)inbox;
   const fattn__pt_update *up = (const fattn__pt_update *)(inbox + ctx->lay.slot_off_updates);
-  shipped s = {h->num_row_copies, h->num_row_fills, h->num_pt_updates, 0,
+  shipped s = {h->num_row_copies, h->num_row_fills, h->num_pt_updates, 0, h->num_page_copies, h->page_copies_chained,
                (const fattn__row_op *)(inbox + ctx->lay.slot_off_row_ops)};
+  ck_assert_uint_eq(s.page_copies, pending);
+  ck_assert_uint_eq(s.chained, clash);
   for (uint32_t i = 0; i < s.updates; i++) s.words += up[i].count;
   ck_assert_int_eq(memcmp(ctx->dev + ctx->lay.dev_off[FATTN_REGION_PAGE_TABLE], ctx->pages.table,
                           (size_t)ctx->pages.max_seqs * ctx->pages.pages_per_seq * 4),
@@ -167,18 +182,60 @@ START_TEST(rows_a_pending_copy_reads_or_writes_ship_words) {
 }
 END_TEST
 
+/* Copy-on-write copies of one window: independent ones (one source, three destinations) run
+ * in any order; a copy of a copy, or a page closed and taken again as a destination, makes the
+ * window chained. Stamps of earlier plans leave a later independent window independent. */
+START_TEST(page_copies_chain_only_where_they_clash) {
+  open_ctx();
+  uint32_t r = seq_with(LEN - 2), br[3], a, b;
+  plan();
+  for (int k = 0; k < 3; k++) ck_assert_ok(fattn_seq_fork(ctx, r, LEN - 2, &br[k]));
+  for (int k = 0; k < 3; k++) ck_assert_ok(fattn_seq_reserve(ctx, br[k], LEN - 1)); /* r's shared tail */
+  shipped s = plan();
+  ck_assert_uint_eq(s.page_copies, 3);
+  ck_assert_uint_eq(s.chained, 0);
+  ck_assert_ok(fattn_seq_fork(ctx, r, LEN - 2, &a));
+  ck_assert_ok(fattn_seq_reserve(ctx, a, LEN - 1)); /* r's tail -> a's page */
+  ck_assert_ok(fattn_seq_fork(ctx, a, LEN - 1, &b));
+  ck_assert_ok(fattn_seq_reserve(ctx, b, LEN)); /* a's page -> b's page */
+  s = plan();
+  ck_assert_uint_eq(s.page_copies, 2);
+  ck_assert_uint_eq(s.chained, 1);
+  ck_assert_ok(fattn_seq_close(ctx, b));
+  ck_assert_ok(fattn_seq_close(ctx, a));
+  ck_assert_ok(fattn_seq_fork(ctx, r, LEN - 2, &a));
+  ck_assert_ok(fattn_seq_reserve(ctx, a, LEN - 1));
+  const uint32_t taken = ctx->pages.copies[0].dst;
+  ck_assert_ok(fattn_seq_close(ctx, a)); /* its copy's page goes back on the free stack */
+  ck_assert_ok(fattn_seq_fork(ctx, r, LEN - 2, &a));
+  ck_assert_ok(fattn_seq_reserve(ctx, a, LEN - 1));
+  ck_assert_uint_eq(ctx->pages.copies[1].dst, taken); /* the same page, a destination twice */
+  s = plan();
+  ck_assert_uint_eq(s.page_copies, 2);
+  ck_assert_uint_eq(s.chained, 1);
+  for (int k = 0; k < 3; k++) ck_assert_ok(fattn_seq_close(ctx, br[k]));
+  for (int k = 0; k < 3; k++) ck_assert_ok(fattn_seq_fork(ctx, r, LEN - 2, &br[k]));
+  for (int k = 0; k < 3; k++) ck_assert_ok(fattn_seq_reserve(ctx, br[k], LEN - 1));
+  s = plan();
+  ck_assert_uint_eq(s.page_copies, 3);
+  ck_assert_uint_eq(s.chained, 0);
+  ck_assert_ok(fattn_destroy(ctx, 1));
+}
+END_TEST
+
 /* Random forks, reserves, truncates and closes between plans: the device table equals the
  * mirror after each plan (checked in plan()). */
 START_TEST(random_windows_keep_the_device_table_equal) {
   open_ctx();
   uint64_t rng = 7;
-  uint32_t open[15], n = 0, copies = 0, fills = 0; /* the keeper is the 16th */
+  uint32_t open[15], n = 0, copies = 0, fills = 0, copying = 0, chained = 0; /* the keeper is the 16th */
   open[n++] = seq_with(LEN / 2);
   for (int round = 0; round < 400; round++) {
     fattn_test_page_ops(ctx, &rng, open, &n, 15, LEN);
     shipped sh = plan();
-    copies += sh.row_copies, fills += sh.fills;
+    copies += sh.row_copies, fills += sh.fills, copying += sh.page_copies > 0, chained += sh.chained;
   }
+  printf("random windows: %u with page copies, %u of them chained\n", copying, chained);
   ck_assert_uint_gt(copies, 100); /* the windows did exercise both */
   ck_assert_uint_gt(fills, 100);
   ck_assert_ok(fattn_destroy(ctx, 1));
@@ -187,4 +244,4 @@ END_TEST
 
 FATTN_SUITE("rows", FATTN_TEST_CPU, forks_ship_copies_and_closes_ship_fills, a_fork_ships_what_its_source_had_not,
             chained_forks_copy_from_the_first_source, rows_a_pending_copy_reads_or_writes_ship_words,
-            random_windows_keep_the_device_table_equal)
+            page_copies_chain_only_where_they_clash, random_windows_keep_the_device_table_equal)
