@@ -1,6 +1,7 @@
 """serve_bs1.py: the bs 1 decode steps of `fattn-bench serve` from ktrace files (bench/ktrace):
 per file, quartiles of a step's device span (prep start to the last layer's end), the prep
-kernel, and a layer (store start to the next store start), graph steps and eager apart.
+kernel, and a layer (store start to the next store start), graph steps and eager apart; then
+the graph layers' chain: each kernel's median start and end after its layer's store starts.
 
   KTRACE_OUT=k.txt CUDA_INJECTION64_PATH=$PWD/build/libktrace.so build/fattn-bench serve
   python3 bench/ktrace/serve_bs1.py k.txt [k2.txt ...]
@@ -31,8 +32,11 @@ def steps(ks):
             continue
         if any(k[2] != LAYER_GRIDS[j % len(LAYER_GRIDS)] for j, k in enumerate(body)):
             continue
-        layers = [(body[j + len(LAYER_GRIDS)][0] - body[j][0]) / 1e3 for j in range(0, n - len(LAYER_GRIDS), len(LAYER_GRIDS))]
-        yield (body[-1][1] - start) / 1e3, (end - start) / 1e3, statistics.median(layers)
+        w = len(LAYER_GRIDS)
+        layers = [(body[j + w][0] - body[j][0]) / 1e3 for j in range(0, n - w, w)]
+        chains = [[((k[0] - body[j][0]) / 1e3, (k[1] - body[j][0]) / 1e3) for k in body[j:j + w]]
+                  for j in range(0, n - w, w)]
+        yield (body[-1][1] - start) / 1e3, (end - start) / 1e3, statistics.median(layers), chains
 
 
 def quartiles(xs):
@@ -49,3 +53,8 @@ for path in sys.argv[1:]:
         print("%s %s steps %d: span %s us, prep %s us, layer %s us" % (
             path, kind, len(sel), quartiles([s[0] for s in sel]), quartiles([s[1] for s in sel]),
             quartiles([s[2] for s in sel])))
+    chains = [c for s in found if s[0] < GRAPH_SPAN_US for c in s[3]]
+    if chains:
+        print("  graph layer chain (us after the store starts, start-end): " + ", ".join(
+            "%s %.2f-%.2f" % (name, statistics.median(c[k][0] for c in chains), statistics.median(c[k][1] for c in chains))
+            for k, name in enumerate(["store", "decode", "combine", "mix"])))
