@@ -59,7 +59,7 @@ static inline int fuzz_known_status(fattn_status st) {
 
 /* The allocator's whole state (tests/snapshot.h). Caller frees. */
 static inline uint8_t *fuzz_pages_snapshot(const fattn__pages *p, size_t *bytes) {
-  uint8_t *buf = fattn_pages_snapshot(p, bytes);
+  uint8_t *buf = fattn_test_pages_snapshot(p, bytes);
   if (!buf) FUZZ_FAIL("snapshot: out of host memory");
   return buf;
 }

@@ -10,7 +10,7 @@
 
 /* fattn_check's scratch and each sequence's duplicate-detection stamp are not state. NULL when
  * out of host memory; the caller frees. */
-static inline uint8_t *fattn_pages_snapshot(const fattn__pages *p, size_t *bytes) {
+static inline uint8_t *fattn_test_pages_snapshot(const fattn__pages *p, size_t *bytes) {
   const size_t np = p->num_pages, ms = p->max_seqs, pps = p->pages_per_seq;
   const size_t copies = (size_t)p->cap_copies * sizeof(fattn__page_copy),
                row_copies = (size_t)p->cap_row_copies * sizeof(fattn__row_op);

@@ -184,7 +184,7 @@ void fattn_test_page_ops(fattn_ctx *ctx, uint64_t *rng, uint32_t *open, uint32_t
 
 size_t fattn_test_snapshot(const fattn_ctx *ctx, uint8_t **out) {
   size_t n = 0;
-  *out = fattn_pages_snapshot(&ctx->pages, &n);
+  *out = fattn_test_pages_snapshot(&ctx->pages, &n);
   ck_assert_ptr_nonnull(*out);
   return n;
 }
