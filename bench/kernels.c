@@ -11,6 +11,7 @@
 int fattn_bench_ring_pages(const fattn__layer_params *l, const fattn__step_params *s, uint32_t entries,
                            float *sink, void *stream);
 int fattn_bench_hold(uint32_t us, void *stream);
+double fattn_bench_hold_mhz(void);
 int fattn_bench_read_pages(const fattn__layer_params *l, const fattn__step_params *s, uint32_t entries,
                            float *sink, void *stream);
 
@@ -31,6 +32,9 @@ static fattn_backend decode_backend = FATTN_BACKEND_AUTO;
  * same pages (bench/read_pages.cu) instead of plain whole-page reads. */
 static int roofline_ring;
 static int host_timing; /* --timing host: a timed call's span includes the host's launches */
+/* `decode --bs N`: only the shapes of that batch (0: all); `--repeat N`: the shapes N times,
+ * each time in a context of its own (fresh pool memory), to tell a slow run from a slow pool */
+static uint32_t only_bs, repeats = 1;
 
 static void fail(const char *what, const char *why) {
   fprintf(stderr, "%s: %s\n", what, why);
@@ -79,8 +83,10 @@ static fattn_ctx *make_ctx(const kshape *k, uint32_t *ids) {
 }
 
 /* Times fn-like work: 3 warm-ups, then the median of 21 event-timed runs. which 0: attend,
- * 1: the pure-read kernel over the same pages. */
-static double time_it(fattn_ctx *ctx, int which, const void *q, void *out, uint32_t entries, float *sink) {
+ * 1: the pure-read kernel over the same pages. *mhz: the median SM clock the runs started at
+ * (the holding kernel's; 0 with host timing, which runs none). */
+static double time_it(fattn_ctx *ctx, int which, const void *q, void *out, uint32_t entries, float *sink,
+                      double *mhz) {
   cudaEvent_t a, b;
   cudaEventCreate(&a);
   cudaEventCreate(&b);
@@ -88,7 +94,7 @@ static double time_it(fattn_ctx *ctx, int which, const void *q, void *out, uint3
   fattn__step_params s;
   memset(&s, 0, sizeof s);
   s.hdr = ctx->step.hdr, s.entries = ctx->step.entries, s.cap_entries = entries, s.max_splits = ctx->n.max_splits;
-  double t[21];
+  double t[21], clk[21];
   for (int r = -3; r < 21; r++) {
     if (!host_timing && fattn_bench_hold(50, NULL)) fail("hold kernel", "launch failed");
     cudaEventRecord(a, 0);
@@ -99,10 +105,11 @@ static double time_it(fattn_ctx *ctx, int which, const void *q, void *out, uint3
     if (e) fail("timed call", which ? "read kernel" : fattn_detail(ctx));
     float ms;
     cudaEventElapsedTime(&ms, a, b);
-    if (r >= 0) t[r] = ms;
+    if (r >= 0) t[r] = ms, clk[r] = host_timing ? 0. : fattn_bench_hold_mhz();
   }
   cudaEventDestroy(a);
   cudaEventDestroy(b);
+  *mhz = fattn_bench_median(clk, 21);
   return fattn_bench_median(t, 21);
 }
 
@@ -121,7 +128,8 @@ static void run_shape(const kshape *k, FILE *csv) {
   cudaMalloc((void **)&sink, 1 << 20);
   fattn_test_gpu_randn(q, (size_t)qn * k->hq * k->d, FATTN_DTYPE_BF16, 1.0f, 13);
   if (fattn_plan(ctx, &b, NULL)) fail("fattn_plan", fattn_detail(ctx));
-  double ms = time_it(ctx, 0, q, out, k->bs, sink), read_ms = time_it(ctx, 1, q, out, k->bs, sink);
+  double mhz, read_mhz;
+  double ms = time_it(ctx, 0, q, out, k->bs, sink, &mhz), read_ms = time_it(ctx, 1, q, out, k->bs, sink, &read_mhz);
   double elem = k->kv_dtype == FATTN_DTYPE_FP8_E4M3 ? 1 : 2;
   double bytes = (double)k->bs * k->kv_len * k->hkv * k->d * 2 * elem;
   /* causal: each query sees the prefix and half the new block on average */
@@ -130,11 +138,11 @@ static void run_shape(const kshape *k, FILE *csv) {
   const char *mode = k->mode == FATTN_MODE_DECODE ? "decode" : k->mode == FATTN_MODE_TARGET_VERIFY ? "verify"
                      : k->mode == FATTN_MODE_PREFILL ? "causal" : "noncausal";
   const char *dt = k->kv_dtype == FATTN_DTYPE_FP8_E4M3 ? "fp8" : "bf16";
-  printf("%-9s %4u %6u %6u %4u %3u/%-2u %4u %-4s %9.4f %8.1f %8.1f %6.3f %8.1f\n", mode, k->bs, k->q_len, k->kv_len,
-         k->page, k->hq, k->hkv, k->d, dt, ms, bytes / ms / 1e6, bytes / read_ms / 1e6, read_ms / ms,
-         flops / ms / 1e9);
-  fprintf(csv, "%s,%u,%u,%u,%u,%u,%u,%u,%s,%.6f,%.2f,%.2f,%.2f\n", mode, k->bs, k->q_len, k->kv_len, k->page, k->hq,
-          k->hkv, k->d, dt, ms, bytes / ms / 1e6, bytes / read_ms / 1e6, flops / ms / 1e9);
+  printf("%-9s %4u %6u %6u %4u %3u/%-2u %4u %-4s %9.4f %8.1f %8.1f %6.3f %8.1f %5.0f/%-4.0f\n", mode, k->bs, k->q_len,
+         k->kv_len, k->page, k->hq, k->hkv, k->d, dt, ms, bytes / ms / 1e6, bytes / read_ms / 1e6, read_ms / ms,
+         flops / ms / 1e9, mhz, read_mhz);
+  fprintf(csv, "%s,%u,%u,%u,%u,%u,%u,%u,%s,%.6f,%.2f,%.2f,%.2f,%.0f,%.0f\n", mode, k->bs, k->q_len, k->kv_len, k->page,
+          k->hq, k->hkv, k->d, dt, ms, bytes / ms / 1e6, bytes / read_ms / 1e6, flops / ms / 1e9, mhz, read_mhz);
   fflush(stdout);
   cudaFree(q), cudaFree(out), cudaFree(sink);
   fattn_destroy(ctx, 1);
@@ -142,14 +150,16 @@ static void run_shape(const kshape *k, FILE *csv) {
 }
 
 static void header(void) {
-  printf("%-9s %4s %6s %6s %4s %6s %4s %-4s %9s %8s %8s %6s %8s\n", "mode", "bs", "q", "kv", "page", "heads", "d",
-         "kv", "ms", "GB/s", "read", "frac", "TFLOP/s");
+  printf("%-9s %4s %6s %6s %4s %6s %4s %-4s %9s %8s %8s %6s %8s %10s\n", "mode", "bs", "q", "kv", "page", "heads", "d",
+         "kv", "ms", "GB/s", "read", "frac", "TFLOP/s", "MHz");
 }
 
 /* Options: --max-splits N (the split-KV bound of the contexts; default 32), --backend fa2|fa3
  * (the decode side's; default AUTO), --roofline read|ring (the read column's kernel), --timing
  * gpu|host (default gpu: each timed call queued behind a 50 us holding kernel, so that its
- * events time the GPU's work; host: from an idle GPU, the host's launch latency included). */
+ * events time the GPU's work; host: from an idle GPU, the host's launch latency included),
+ * --bs N (only that batch's shapes), --repeat N (the shapes N times). The MHz column: the median
+ * SM clock at the start of the attend's and the read's timed calls (GPU timing only). */
 int fattn_bench_decode(int argc, char **argv) {
   for (int i = 1; i < argc; i += 2) {
     if (i + 1 < argc && strcmp(argv[i], "--roofline") == 0 &&
@@ -163,8 +173,12 @@ int fattn_bench_decode(int argc, char **argv) {
       continue;
     }
     if (i + 1 >= argc || !((strcmp(argv[i], "--max-splits") == 0 && sscanf(argv[i + 1], "%u", &max_splits) == 1) ||
+                           (strcmp(argv[i], "--bs") == 0 && sscanf(argv[i + 1], "%u", &only_bs) == 1) ||
+                           (strcmp(argv[i], "--repeat") == 0 && sscanf(argv[i + 1], "%u", &repeats) == 1 &&
+                            repeats >= 1u && repeats <= 100u) ||
                            backend_arg(argv[i], argv[i + 1], &decode_backend)))
-      fail("fattn-bench decode", "options: --max-splits N, --backend fa2|fa3, --roofline read|ring, --timing gpu|host");
+      fail("fattn-bench decode", "options: --max-splits N, --backend fa2|fa3, --roofline read|ring, --timing gpu|host, "
+                                 "--bs N, --repeat N (1..100)");
   }
   if (!fattn_bench_has_gpu()) fail("fattn-bench decode", "needs a CUDA device");
   static const kshape shapes[] = {
@@ -181,13 +195,15 @@ int fattn_bench_decode(int argc, char **argv) {
   };
   FILE *csv = fopen("build/decode.csv", "w");
   if (!csv) fail("build/decode.csv", "cannot write");
-  fprintf(csv, "mode,bs,q,kv,page,hq,hkv,d,kv_dtype,ms,gbps,read_gbps,tflops\n");
+  fprintf(csv, "mode,bs,q,kv,page,hq,hkv,d,kv_dtype,ms,gbps,read_gbps,tflops,mhz,read_mhz\n");
   printf("fattn decode attention (Llama-3.1-8B heads), one layer, median of 21, max_splits %u; read = %s over the same pages;"
          " %s\n",
          max_splits ? max_splits : 32u, roofline_ring ? "a decode block's copy ring alone" : "pure-read kernel",
          host_timing ? "host timing (launch latency included)" : "GPU timing (calls queued behind a holding kernel)");
   header();
-  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) run_shape(&shapes[i], csv);
+  for (uint32_t r = 0; r < repeats; r++)
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+      if (!only_bs || shapes[i].bs == only_bs) run_shape(&shapes[i], csv);
   fclose(csv);
   printf("csv: build/decode.csv\n");
   return 0;
@@ -209,7 +225,7 @@ int fattn_bench_prefill(int argc, char **argv) {
   if (!fattn_bench_has_gpu()) fail("fattn-bench prefill", "needs a CUDA device");
   FILE *csv = fopen(path, "w");
   if (!csv) fail(path, "cannot write");
-  fprintf(csv, "mode,bs,q,kv,page,hq,hkv,d,kv_dtype,ms,gbps,read_gbps,tflops\n");
+  fprintf(csv, "mode,bs,q,kv,page,hq,hkv,d,kv_dtype,ms,gbps,read_gbps,tflops,mhz,read_mhz\n");
   printf("fattn prefill attention (FA3 paper setup: 16k tokens, hidden 2048), page 128, median of 21;"
          " GPU timing (calls queued behind a holding kernel)\n");
   header();

@@ -92,14 +92,28 @@ extern "C" int fattn_bench_read_pages(const fattn__layer_params *l, const fattn_
 
 /* Spins one thread for `ns` of the GPU's global timer. Queued before a timed call's start
  * event, it keeps the GPU busy while the host issues the call, so that the events time the
- * GPU's own work, not the host's launch latency (the blocking kernel of NVIDIA's nvbench). */
+ * GPU's own work, not the host's launch latency (the blocking kernel of NVIDIA's nvbench).
+ * It leaves the SM cycles and timer nanoseconds it spun in hold_clock: the SM clock the timed
+ * call started at (runs of one binary that differ by 10% may differ in it; docs/perf.md). */
+__device__ unsigned long long hold_clock[2];
+
 __global__ void hold_kernel(unsigned long long ns) {
   unsigned long long t0, t;
+  const long long c0 = clock64();
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
   do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); while (t - t0 < ns);
+  hold_clock[0] = (unsigned long long)(clock64() - c0);
+  hold_clock[1] = t - t0;
 }
 
 extern "C" int fattn_bench_hold(uint32_t us, void *stream) {
   hold_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(1000ull * us);
   return (int)cudaGetLastError();
+}
+
+/* The SM clock of the last hold in MHz (0 if it cannot be read); synchronous. */
+extern "C" double fattn_bench_hold_mhz(void) {
+  unsigned long long h[2];
+  if (cudaMemcpyFromSymbol(h, hold_clock, sizeof h) != cudaSuccess || h[1] == 0ull) return 0.;
+  return (double)h[0] * 1e3 / (double)h[1];
 }
