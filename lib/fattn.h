@@ -264,7 +264,10 @@ typedef struct fattn_batch {
 #define FATTN_BATCH_INIT {sizeof(fattn_batch), FATTN_MODE_DECODE, 0, NULL, NULL, NULL, NULL, NULL}
 
 /* Streams are cudaStream_t passed as void* so that the header needs no CUDA; ignored on the
- * CPU backend. Pointers to q, k, v, out, lse are device pointers (host on the CPU backend). */
+ * CPU backend. Pointers to q, k, v, out, lse are device pointers (host on the CPU backend).
+ * The calls run on the calling thread's current CUDA device, which must be the context's.
+ * One process drives one device: kernel attributes and device facts (SM count, PDL) are
+ * cached per process, so contexts on two devices in one process are not supported yet. */
 
 /* Validates the batch, ships page-table changes and step metadata; no sync, no allocation.
  * A rejected batch leaves every state unchanged. */
