@@ -47,6 +47,9 @@ typedef struct fattn__step_params {
   float *split_o;   /* [split_rows_cap, num_q_heads, head_dim_v] */
   float *split_lse; /* [split_rows_cap, num_q_heads] */
   uint32_t *tile_counter; /* [2]: fa3's next work item and its blocks done; 0 between launches */
+#ifdef FATTN_STAMPS
+  unsigned long long *stamps; /* measurement builds: attn/stamps.h's buffer, or NULL */
+#endif
 } fattn__step_params;
 
 /* Visibility of KV slot j to a query at absolute slot qpos (tree-mask rows aside).

@@ -29,6 +29,9 @@ static fattn__step_params step_params(fattn_ctx *ctx) {
   s.split_o = (float *)ws;
   s.split_lse = (float *)(ws + (uint64_t)ctx->lay.split_rows_cap * ctx->n.model.num_q_heads * ctx->n.head_dim_v * 4);
   s.tile_counter = (uint32_t *)(s.split_lse + (uint64_t)ctx->lay.split_rows_cap * ctx->n.model.num_q_heads);
+#ifdef FATTN_STAMPS
+  s.stamps = ctx->stamps;
+#endif
   return s;
 }
 

@@ -123,6 +123,9 @@ static void open_serve(serve *s, int gpu) {
     fprintf(stderr, "fattn_create: %s\n", detail);
     exit(1);
   }
+#ifdef FATTN_STAMPS
+  fattn_bench_stamps_open(s);
+#endif
   s->layers = m.num_layers, s->hq = m.num_q_heads, s->hkv = m.num_kv_heads, s->d = m.head_dim;
   s->cap_tokens = cfg.max_q_tokens > s->p.max_bs * 9 ? cfg.max_q_tokens : s->p.max_bs * 9;
   s->q = buffer(s, (size_t)s->cap_tokens * s->hq * s->d * 2);

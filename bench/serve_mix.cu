@@ -5,6 +5,15 @@
 #include <stdint.h>
 
 #include "attn/pdl.h"
+#include "attn/stamps.h"
+
+#ifdef FATTN_STAMPS
+__device__ unsigned long long *mix_stamps; /* measurement builds: attn/stamps.h's buffer */
+
+extern "C" int fattn_bench_mix_stamps(unsigned long long *buf) {
+  return (int)cudaMemcpyToSymbol(mix_stamps, &buf, sizeof buf);
+}
+#endif
 
 // out [tokens, hq, d] -> q [tokens, hq, d], k and v [tokens, hkv, d]; bf16 throughout.
 __global__ void mix_kernel(const __nv_bfloat16 *out, __nv_bfloat16 *q, __nv_bfloat16 *k, __nv_bfloat16 *v,
@@ -12,7 +21,9 @@ __global__ void mix_kernel(const __nv_bfloat16 *out, __nv_bfloat16 *q, __nv_bflo
   /* As a serving engine's own PDL-aware kernels do: the next kernels (the store, then the decode
    * kernel) launch at once and do what needs nothing of this one before their own waits. */
   fattn__pdl_release();
+  FATTN__STAMP(mix_stamps, FATTN__K_MIX, FATTN__AT_ENTRY);
   fattn__pdl_wait_alone();
+  FATTN__STAMP(mix_stamps, FATTN__K_MIX, FATTN__AT_WAITED);
   uint64_t n = (uint64_t)tokens * hq * d;
   for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n; i += (uint64_t)gridDim.x * blockDim.x) {
     uint32_t c = (uint32_t)(i % d), h = (uint32_t)(i / d % hq);
@@ -26,6 +37,7 @@ __global__ void mix_kernel(const __nv_bfloat16 *out, __nv_bfloat16 *q, __nv_bflo
       v[j] = __float2bfloat16(x + 0.5f * wave);
     }
   }
+  FATTN__STAMP(mix_stamps, FATTN__K_MIX, FATTN__AT_DONE);
 }
 
 extern "C" int fattn_bench_mix(const void *out, void *q, void *k, void *v, uint32_t tokens, uint32_t hq,

@@ -274,6 +274,11 @@ void fattn_bench_batch_sweep(serve *s, serve_result *r) {
     if (bs == 1) {
       r->eager_issue_us_bs1 = host_issue_us(s, ids, bs, 0, NULL);
       kernel_sum_ms(s, r->kernel_us_bs1); /* over host_issue_us's last eager plan */
+#ifdef FATTN_STAMPS
+      fattn_bench_stamps_clear();
+      decode_steps(s, ids, bs, 1, 1); /* one graph step: its last layer's stamps */
+      fattn_bench_stamps_print();
+#endif
     }
     if (bs == 256) { /* host side of plan + launch */
       r->launch_host_us_bs256 = host_issue_us(s, ids, bs, 1, NULL);

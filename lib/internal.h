@@ -164,6 +164,9 @@ struct fattn_ctx {
   fattn__step step;
   fattn__graph_slot *graphs; /* [FATTN_MODE_COUNT + 1][num_buckets] */
   void *tmaps;               /* [num_layers][K, V] CUtensorMap for fa3's TMA; NULL if unused */
+#ifdef FATTN_STAMPS
+  unsigned long long *stamps; /* measurement builds: attn/stamps.h's buffer, set by fattn-bench */
+#endif
   char detail[FATTN__DETAIL_LEN];
 };
 

@@ -12,6 +12,7 @@
 #include "attn/backend.h"
 #include "attn/fa2/fa2_ops.h"
 #include "attn/pdl.h"
+#include "attn/stamps.h"
 
 /* Everything a kernel needs, by value. Derived on the host from layer and step params only. */
 typedef struct fa2__args {
@@ -288,6 +289,7 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
     for (int s = 0; s < ST - 1; s++) copy(std::true_type(), s, 0, old_rows(s));
     fa2__commit();
     fattn__pdl_wait();
+    FATTN__STAMP(a.s.stamps, FATTN__K_DECODE, FATTN__AT_WAITED);
     load_q();
     /* The rest of the first stages' rows (this step's, and zeros past the range) by a loop of
      * its own: as a second ranged copy of the same stages (session 12's U) it changed the main
@@ -553,6 +555,7 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
   }
   fa2__wait<0>();
   __syncthreads();
+  if constexpr (NW > 1) FATTN__STAMP(a.s.stamps, FATTN__K_DECODE, FATTN__AT_LOOPED);
 
   /* Epilogue: per-warp partials to shared memory, merged over the NW column warps. */
   float *eo = (float *)kv, *em = eo + NW * C::BM * C::LDO, *el = em + NW * C::BM;
@@ -620,6 +623,7 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
     }
   }
   __syncthreads();
+  if constexpr (NW > 1) FATTN__STAMP(a.s.stamps, FATTN__K_DECODE, FATTN__AT_DONE);
 }
 
 template <int HD, int HDV, int ROWS, int NW, int BN, int ST, typename T, int KVT>
@@ -628,7 +632,11 @@ __global__ void __launch_bounds__(fa2__cfg<HD, HDV, ROWS, NW, BN, ST, T, KVT>::N
   using C = fa2__cfg<HD, HDV, ROWS, NW, BN, ST, T, KVT>;
   const uint32_t linear = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
   const bool early = C::ALL_EARLY || (C::EARLY && linear < C::RESIDENT * a.num_sms);
-  if (!early) fattn__pdl_wait();
+  if constexpr (NW > 1) FATTN__STAMP(a.s.stamps, FATTN__K_DECODE, FATTN__AT_ENTRY);
+  if (!early) {
+    fattn__pdl_wait();
+    if constexpr (NW > 1) FATTN__STAMP(a.s.stamps, FATTN__K_DECODE, FATTN__AT_WAITED);
+  }
   extern __shared__ __align__(16) char smem[];
   const fattn__step_hdr *hdr = a.s.hdr;
   /* before the wait, the planner's header and entries are read around L1 */

@@ -175,6 +175,7 @@ __global__ void __launch_bounds__(128, FA2__COMBINE_BLOCKS)
    * decode kernel has. If it too releases before its wait, the next layer's store and decode
    * kernels start theirs early, and the decode prologue overlaps this merge. */
   fattn__pdl_release();
+  FATTN__STAMP(a.s.stamps, FATTN__K_COMBINE, FATTN__AT_ENTRY);
   const uint32_t qh = a.l.num_q_heads, lane = threadIdx.x & 31u, hg = (qh + rpw - 1u) / rpw;
   const uint32_t w = blockIdx.x * 4u + (threadIdx.x >> 5), ei = w / (qpe * hg), slot = w / hg % qpe;
   const uint32_t hq0 = w % hg * rpw, nr = min(rpw, qh - hq0);
@@ -184,6 +185,7 @@ __global__ void __launch_bounds__(128, FA2__COMBINE_BLOCKS)
    * cover only the grid just before it, so a merge grid that ended before the decode kernel
    * could release the caller's next kernel onto an output still being written. */
   fattn__pdl_wait_alone();
+  FATTN__STAMP(a.s.stamps, FATTN__K_COMBINE, FATTN__AT_WAITED);
   if (!live || e.num_splits <= 1u) return;
   __shared__ float4 land[4][FA2__LAND_SPLITS * 32u]; /* [warp][split][lane]: 32 KiB */
   for (uint32_t t = slot; t < e.q_len; t += qpe) {
@@ -193,6 +195,7 @@ __global__ void __launch_bounds__(128, FA2__COMBINE_BLOCKS)
       for (uint32_t r = 0; r < nr; r++) fa2__merge_landed<T>(a, e, t, hq0 + r, lane, land[threadIdx.x >> 5]);
     }
   }
+  FATTN__STAMP(a.s.stamps, FATTN__K_COMBINE, FATTN__AT_DONE);
 }
 
 int fa2__sm_count(void) {

@@ -14,6 +14,7 @@ __device__ __forceinline__ float fa2__ld(const void *p, size_t i, uint32_t dt) {
 __global__ void __launch_bounds__(256) fa2__store(const fattn__layer_params l, const fattn__step_params s,
                                                   const void *k, const void *v, uint32_t early) {
   fattn__pdl_release(); /* the decode kernel after it has work before its own wait */
+  FATTN__STAMP(s.stamps, FATTN__K_STORE, FATTN__AT_ENTRY);
   /* A grid that starts whole finds its row's place before the wait, from what only the planner
    * wrote (attn/pdl.h), through L2: only the row's load and write follow the wait. In a larger
    * grid (prefill) most blocks start after the wait has returned, and the same dependent loads
@@ -36,6 +37,7 @@ __global__ void __launch_bounds__(256) fa2__store(const fattn__layer_params l, c
     dst_row = ((size_t)pg * l.page_size + slot % l.page_size) * l.num_kv_heads;
   }
   if (early) fattn__pdl_wait_alone(); /* every block: this grid must not end before the one it follows */
+  FATTN__STAMP(s.stamps, FATTN__K_STORE, FATTN__AT_WAITED);
   if (!live) return;
   const uint32_t kc = l.num_kv_heads * l.head_dim / 8u;
   const uint32_t vc = l.mla ? 0u : l.num_kv_heads * l.head_dim_v / 8u;
@@ -68,6 +70,7 @@ __global__ void __launch_bounds__(256) fa2__store(const fattn__layer_params l, c
       *(uint4 *)(pool + di * 2u) = make_uint4(w[0], w[1], w[2], w[3]);
     }
   }
+  FATTN__STAMP(s.stamps, FATTN__K_STORE, FATTN__AT_DONE);
 }
 
 extern "C" int fattn__fa2_store_kv(fattn__layer_params l, fattn__step_params s, const void *k,
