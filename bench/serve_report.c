@@ -55,6 +55,12 @@ void fattn_bench_report(serve *s, const serve_result *r) {
     for (int i = 0; i < 4; i++) fprintf(csv, "spec_%d,%.6f,%.6f\n", i, r->spec_eager_ms[i], r->spec_graph_ms[i]);
     for (uint32_t i = 0; i < r->sweep_n; i++)
       fprintf(csv, "decode_bs%u,%.6f,%.6f\n", r->sweep_bs[i], r->sweep_eager_ms[i], r->sweep_graph_ms[i]);
+    if (s->gpu) { /* the targets' other figures, in ms: the host's side of an eager bs 1 step and
+                     of a bs 256 graph launch (idle, busy), and the one-batch step's kernel sum */
+      fprintf(csv, "host_issue_bs1,%.6f,\nhost_launch_bs256,,%.6f\nhost_launch_busy_bs256,,%.6f\n",
+              r->eager_issue_us_bs1 / 1e3, r->launch_host_us_bs256 / 1e3, r->launch_busy_us_bs256 / 1e3);
+      fprintf(csv, "kernel_sum,,%.6f\n", r->kernel_sum_ms);
+    }
     fclose(csv);
     printf("csv: build/serve.csv\n");
   }
