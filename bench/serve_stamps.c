@@ -68,8 +68,12 @@ void fattn_bench_stamps_print(void) {
       for (uint32_t b = 0; b < FATTN__STAMP_BLOCKS; b++)
         if (AT(k, b, p, 0) >= t0 && AT(k, b, p, 0)) v[n++] = (double)(AT(k, b, p, 0) - t0) / 1e3;
       double med, max;
-      if (n) spread(v, n, &med, &max), printf(" %7.2f [%7.2f]", med, max);
-      else printf(" %17s", "-");
+      if (n) {
+        spread(v, n, &med, &max);
+        printf(" %7.2f [%7.2f]", med, max);
+      } else {
+        printf(" %17s", "-");
+      }
     }
     int at[FATTN__STAMP_POINTS], np = 0; /* the points this kernel stamps, in order */
     for (int p = 0; p < FATTN__STAMP_POINTS; p++) {
@@ -83,7 +87,10 @@ void fattn_bench_stamps_print(void) {
         if (AT(k, b, at[i], 1) && AT(k, b, at[i + 1], 1) >= AT(k, b, at[i], 1))
           v[n++] = (double)(AT(k, b, at[i + 1], 1) - AT(k, b, at[i], 1));
       double med, max;
-      if (n) spread(v, n, &med, &max), printf(" %s-%s %.0f", point[at[i]], point[at[i + 1]], med);
+      if (n) {
+        spread(v, n, &med, &max);
+        printf(" %s-%s %.0f", point[at[i]], point[at[i + 1]], med);
+      }
     }
     printf("\n");
   }
