@@ -4,8 +4,9 @@ median, range and count over its rounds, and its median over the first side's.
   python3 bench/ab_table.py OUT_DIR NAME=... NAME=...   (the sides as ab.sh was given them)
 
 serve.csv rows give `metric eager` and `metric graph` (ms; the host's issue and launch times
-and the kernel sum among them) and, for the sweep's rows, the graph's speed-up over eager; decode.csv and prefill.csv rows give ms, GB/s and the SM clock
-(MHz) of each shape, every repeat of a shape counted as a round.
+and the kernel sum among them) and, for the sweep's rows, the graph's speed-up over eager;
+decode.csv and prefill.csv rows give ms, GB/s and the SM clock (MHz) of each shape, every
+repeat of a shape counted as a round.
 """
 import csv
 import glob

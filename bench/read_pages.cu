@@ -6,6 +6,7 @@
 extern "C" {
 #include "attn/params.h"
 }
+#include "attn/stamps.h" /* fattn__globaltimer */
 
 __global__ void read_pages_kernel(fattn__layer_params l, fattn__step_params s, uint32_t elem_bytes, float *sink) {
   const fattn__entry e = s.entries[blockIdx.y];
@@ -98,10 +99,10 @@ extern "C" int fattn_bench_read_pages(const fattn__layer_params *l, const fattn_
 __device__ unsigned long long hold_clock[2];
 
 __global__ void hold_kernel(unsigned long long ns) {
-  unsigned long long t0, t;
+  unsigned long long t;
   const long long c0 = clock64();
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); while (t - t0 < ns);
+  const unsigned long long t0 = fattn__globaltimer();
+  do t = fattn__globaltimer(); while (t - t0 < ns);
   hold_clock[0] = (unsigned long long)(clock64() - c0);
   hold_clock[1] = t - t0;
 }

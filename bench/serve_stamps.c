@@ -24,18 +24,6 @@ void fattn_bench_stamps_open(serve *s) {
 
 void fattn_bench_stamps_clear(void) { cudaMemset(stamps, 0, FATTN__STAMP_WORDS * sizeof *stamps); }
 
-static int by_value(const void *a, const void *b) {
-  const double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-/* Median and largest of v[0..n) (sorted in place); n > 0. */
-static void spread(double *v, uint32_t n, double *med, double *max) {
-  qsort(v, n, sizeof *v, by_value);
-  *med = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-  *max = v[n - 1];
-}
-
 /* Reads the buffer after a synchronised step and prints, for each kernel, each point's time
  * after the store's first block entered (median and latest over the blocks that reached it)
  * and the median SM cycles from each point to the next inside a block. */
@@ -67,10 +55,9 @@ void fattn_bench_stamps_print(void) {
       uint32_t n = 0;
       for (uint32_t b = 0; b < FATTN__STAMP_BLOCKS; b++)
         if (AT(k, b, p, 0) >= t0 && AT(k, b, p, 0)) v[n++] = (double)(AT(k, b, p, 0) - t0) / 1e3;
-      double med, max;
       if (n) {
-        spread(v, n, &med, &max);
-        printf(" %7.2f [%7.2f]", med, max);
+        const double med = fattn_bench_median(v, n); /* sorts v */
+        printf(" %7.2f [%7.2f]", med, v[n - 1]);
       } else {
         printf(" %17s", "-");
       }
@@ -86,11 +73,7 @@ void fattn_bench_stamps_print(void) {
       for (uint32_t b = 0; b < FATTN__STAMP_BLOCKS; b++)
         if (AT(k, b, at[i], 1) && AT(k, b, at[i + 1], 1) >= AT(k, b, at[i], 1))
           v[n++] = (double)(AT(k, b, at[i + 1], 1) - AT(k, b, at[i], 1));
-      double med, max;
-      if (n) {
-        spread(v, n, &med, &max);
-        printf(" %s-%s %.0f", point[at[i]], point[at[i + 1]], med);
-      }
+      if (n) printf(" %s-%s %.0f", point[at[i]], point[at[i + 1]], fattn_bench_median(v, n));
     }
     printf("\n");
   }

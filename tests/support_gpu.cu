@@ -4,6 +4,7 @@
 #include "tests/support_gpu.h"
 
 #include "attn/pdl.h"
+#include "attn/stamps.h" /* fattn__globaltimer */
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -85,12 +86,9 @@ extern "C" int fattn_test_gpu_nan_rows(void *dev, const uint8_t *used_dev, size_
 }
 
 __device__ static void spin_for(uint64_t ns) {
-  uint64_t t0, t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do {
-    __nanosleep(1000);
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  } while (t - t0 < ns);
+  const uint64_t t0 = fattn__globaltimer();
+  do __nanosleep(1000);
+  while (fattn__globaltimer() - t0 < ns);
 }
 
 __global__ static void hold_kernel(uint64_t ns) { spin_for(ns); }
