@@ -294,6 +294,7 @@ static double run_case(const cfg *c, int route, int *ok) {
   /* Caps: exact, inflated (blocks past the work exit), or steered to the other kernel. */
   fattn__step_params s;
   memset(&s, 0, sizeof s);
+  s.mode = c->mode; /* as attn/step.c: the kernel choice follows it */
   s.cap_entries = bs;
   s.cap_q_tokens = h.num_q_tokens;
   s.cap_new_tokens = h.num_new_tokens;
