@@ -22,7 +22,12 @@ void fattn_bench_stamps_open(serve *s) {
   s->ctx->stamps = stamps; /* before any capture: graphs keep the step parameters they saw */
 }
 
-void fattn_bench_stamps_clear(void) { cudaMemset(stamps, 0, FATTN__STAMP_WORDS * sizeof *stamps); }
+void fattn_bench_stamps_clear(void) {
+  if (cudaMemset(stamps, 0, FATTN__STAMP_WORDS * sizeof *stamps) != cudaSuccess) {
+    fprintf(stderr, "stamps: cannot clear the buffer\n"); /* stale stamps would pass for this step's */
+    exit(1);
+  }
+}
 
 /* Reads the buffer after a synchronised step and prints, for each kernel, each point's time
  * after the store's first block entered (median and latest over the blocks that reached it)
