@@ -215,7 +215,7 @@ __device__ __forceinline__ void fa2__merge_chunks(const fa2__args &a, const fatt
  * a warp (rpw 2) halve the rounds of a grid of more rows than one round holds (verify: 16k rows
  * of 3 splits, tail 16 -> 11.6 us; docs/perf.md, session 19). wpr 4: a block a unit of one
  * row, whose splits its 4 warps share where there are more than FA2__FEW_SPLITS, for grids of
- * a round or less (bs 1 x 32768: a warp a row of 32 splits issued 1,557 instructions at 4-6
+ * no more rows than SMs (bs 1 x 32768: a warp a row of 32 splits issued 1,557 instructions at 4-6
  * cycles each; docs/perf.md, session 29). The entry is indexed, not searched, and read before
  * the wait (attn/pdl.h), so that no chain of loads follows it. Registers for
  * FA2__COMBINE_BLOCKS (5) blocks an SM (96, no spill; two rows' 8 partial rows a lane spill 48
@@ -307,12 +307,14 @@ extern "C" int fattn__fa2_attend(fattn__layer_params l, fattn__step_params s, co
     default: err = fa2__launch_hd256(&a, kind, grid, st); break;
   }
   if (err || !decode || !s.split_o) return err;
-  /* Four warps a row where that fits in one round of the combine's warps, else one, and two
-   * rows a warp past one round; a row's result depends on neither, so a graph and its eager
-   * step may differ in them */
+  /* Four warps a row where the rows are no more than the SMs, else one, and two rows a warp past
+   * one round of the combine's warps; a row's result depends on neither, so a graph and its
+   * eager step may differ in them. Four warps a row up to a round lost 3-6% at bs 8 and 16
+   * (H100; docs/perf.md, session 29): their rows have at most 4 splits, so 3 warps of 4 idled
+   * in 4 times the blocks. */
   const uint32_t rows = s.cap_entries * qpe * l.num_q_heads;
   const uint32_t round = FA2__COMBINE_BLOCKS * 4u * (uint32_t)fa2__sm_count();
-  const uint32_t wpr = 4u * rows <= round ? 4u : 1u, rpw = rows > round ? FA2__FEW_ROWS : 1u;
+  const uint32_t wpr = rows <= (uint32_t)fa2__sm_count() ? 4u : 1u, rpw = rows > round ? FA2__FEW_ROWS : 1u;
   const uint32_t warps = s.cap_entries * qpe * ((l.num_q_heads + rpw - 1u) / rpw) * wpr;
   return (int)fattn__launch(l.q_dtype == 1u ? fa2__combine<__nv_bfloat16> : fa2__combine<__half>,
                             dim3((warps + 3u) / 4u), dim3(128), 0, st, a, qpe, rpw, wpr);
