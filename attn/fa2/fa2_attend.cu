@@ -20,10 +20,10 @@ extern "C" int fattn__fa2_supports(const fattn__layer_params *l) {
 #define FA2__FEW_SPLITS 4u
 #define FA2__FEW_ROWS 2u
 /* Rows of more splits are summed by chunks of FA2__CHUNK splits, two chunks a load batch; the
- * chunk sums of a row shared by a block's warps meet in FA2__CSUM_FLOATS floats of shared
- * memory ([chunk][dv]), 32 KiB. */
+ * chunk sums of a row shared by a block's warps meet in its dynamic shared memory ([chunk][dv]),
+ * at most FA2__CSUM_BYTES: one-warp rows take none. */
 #define FA2__CHUNK 4u
-#define FA2__CSUM_FLOATS 8192u
+#define FA2__CSUM_BYTES 32768u
 /* The combine's blocks an SM (__launch_bounds__; 4 warps each), which sizes a round of rows. */
 #define FA2__COMBINE_BLOCKS 5
 
@@ -117,56 +117,62 @@ __device__ __forceinline__ void fa2__row_scale(const float *lse, uint32_t qh, ui
   m = Mw, l = L;
 }
 
-/* The LSEs and this lane's 4 dims at c of splits 2 q FA2__CHUNK onwards, one batch of loads
- * (past ns the last split again, weighted 0 by fa2__chunk_sums). */
-struct fa2__pair {
+/* The LSEs and this lane's 4 dims at c of chunks k and k + stride, one batch of loads (past ns
+ * the last split again, weighted 0 by fa2__chunk_sums). */
+struct fa2__batch {
   float ls[2u * FA2__CHUNK];
   float4 y[2u * FA2__CHUNK];
 };
-__device__ __forceinline__ void fa2__pair_load(fa2__pair &p, const float *lse, const float *po, uint32_t qh,
-                                               uint32_t dv, uint32_t ns, uint32_t q, uint32_t c) {
+__device__ __forceinline__ uint32_t fa2__batch_split(uint32_t k, uint32_t stride, uint32_t j) {
+  return (j < FA2__CHUNK ? k : k + stride) * FA2__CHUNK + j % FA2__CHUNK;
+}
+__device__ __forceinline__ void fa2__batch_load(fa2__batch &b, const float *lse, const float *po, uint32_t qh,
+                                                uint32_t dv, uint32_t ns, uint32_t k, uint32_t stride, uint32_t c) {
 #pragma unroll
   for (uint32_t j = 0; j < 2u * FA2__CHUNK; j++) {
-    const size_t sj = q * 2u * FA2__CHUNK + j < ns ? q * 2u * FA2__CHUNK + j : ns - 1u;
-    p.ls[j] = lse[sj * qh];
-    if (c < dv) p.y[j] = *(const float4 *)(po + sj * qh * dv + c);
+    const uint32_t s = fa2__batch_split(k, stride, j);
+    const size_t sj = s < ns ? s : ns - 1u;
+    b.ls[j] = lse[sj * qh];
+    if (c < dv) b.y[j] = *(const float4 *)(po + sj * qh * dv + c);
   }
 }
-/* Chunks 2 q and 2 q + 1: each weighed in split order from +0. */
-__device__ __forceinline__ void fa2__chunk_sums(const fa2__pair &p, uint32_t ns, uint32_t q, float m, float4 (&sum)[2]) {
+/* Chunks k and k + stride: each weighed in split order from +0. */
+__device__ __forceinline__ void fa2__chunk_sums(const fa2__batch &b, uint32_t ns, uint32_t k, uint32_t stride, float m,
+                                                float4 (&sum)[2]) {
 #pragma unroll
   for (uint32_t h = 0; h < 2u; h++) {
     sum[h] = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
     for (uint32_t j = h * FA2__CHUNK; j < (h + 1u) * FA2__CHUNK; j++) {
-      const float wt = q * 2u * FA2__CHUNK + j < ns ? expf(p.ls[j] - m) : 0.f;
-      sum[h].x += wt * p.y[j].x; sum[h].y += wt * p.y[j].y; sum[h].z += wt * p.y[j].z; sum[h].w += wt * p.y[j].w;
+      const float wt = fa2__batch_split(k, stride, j) < ns ? expf(b.ls[j] - m) : 0.f;
+      sum[h].x += wt * b.y[j].x; sum[h].y += wt * b.y[j].y; sum[h].z += wt * b.y[j].z; sum[h].w += wt * b.y[j].w;
     }
   }
 }
 
 /* Merges the split partials of query t of entry e for q head hq, an entry of more than
  * FA2__FEW_SPLITS splits. The row is the sum, in chunk order from +0, of its chunks' sums, so
- * its bits do not depend on who sums what: one warp alone (wpr 1), or the block's 4 warps
- * (wpr 4, part = the warp), warp p taking chunk pairs p, p + 4, ... into csum, summed after a
+ * its bits do not depend on who sums what: one warp alone (wpr 1: chunks 0 and 1, then 2 and
+ * 3, ...), or the block's 4 warps (wpr 4, part = the warp: chunks p and p + 4, then p + 8 and
+ * p + 12, ...) into csum ([chunk][dv], csum_floats of the block's shared memory), summed after a
  * barrier by every thread of the block, 2 dims each. A graph and its eager step may so differ
- * in wpr. The first pair's loads are in flight with the LSE pass: one round trip for a row of
- * up to 8 wpr splits. */
+ * in wpr. A warp's first batch is in flight with the LSE pass: one round trip for a row of up
+ * to 8 wpr splits. */
 template <typename T>
 __device__ __forceinline__ void fa2__merge_chunks(const fa2__args &a, const fattn__entry &e, uint32_t t, uint32_t hq,
-                                                  uint32_t part, uint32_t wpr, float *csum) {
+                                                  uint32_t part, uint32_t wpr, float *csum, uint32_t csum_floats) {
   const uint32_t qh = a.l.num_q_heads, dv = a.l.head_dim_v, ns = e.num_splits, lane = threadIdx.x & 31u;
-  const uint32_t pairs = (ns + 2u * FA2__CHUNK - 1u) / (2u * FA2__CHUNK);
+  const uint32_t chunks = (ns + FA2__CHUNK - 1u) / FA2__CHUNK;
   /* the same in every warp of the block: its warps share the row */
-  const bool shared = wpr > 1u && 2u * pairs * dv <= FA2__CSUM_FLOATS;
+  const bool shared = wpr > 1u && chunks * dv <= csum_floats;
   const uint32_t parts = shared ? wpr : 1u;
   if (part >= parts) return;
   const size_t base = (size_t)e.split_row + (size_t)t * ns;
   const float *lse = a.s.split_lse + base * qh + hq; /* split s at lse[s * qh] */
   const float *po = a.s.split_o + (base * qh + hq) * dv; /* split s at po[s * qh * dv] */
   const uint32_t c0 = lane * 4u; /* this lane's first 4 dims; lanes past dv have none */
-  fa2__pair p;
-  if (part < pairs) fa2__pair_load(p, lse, po, qh, dv, ns, part, c0);
+  fa2__batch b;
+  if (part < chunks) fa2__batch_load(b, lse, po, qh, dv, ns, part, parts, c0);
   const float *sink = a.l.sinks ? a.l.sinks + hq : nullptr;
   float m, l;
   fa2__row_scale(lse, qh, ns, sink, m, l);
@@ -181,16 +187,16 @@ __device__ __forceinline__ void fa2__merge_chunks(const fa2__args &a, const fatt
   const float inv = a.o_mul / l;
   for (uint32_t c = c0; c < dv; c += 128u) {
     float4 total = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (uint32_t q = part; q < pairs; q += parts) {
-      if (q != part || c != c0) fa2__pair_load(p, lse, po, qh, dv, ns, q, c);
+    for (uint32_t k = part; k < chunks; k += 2u * parts) {
+      if (k != part || c != c0) fa2__batch_load(b, lse, po, qh, dv, ns, k, parts, c);
       float4 sum[2];
-      fa2__chunk_sums(p, ns, q, m, sum);
+      fa2__chunk_sums(b, ns, k, parts, m, sum);
       if (shared) {
-        *(float4 *)(csum + 2u * q * dv + c) = sum[0];
-        *(float4 *)(csum + (2u * q + 1u) * dv + c) = sum[1];
+        *(float4 *)(csum + k * dv + c) = sum[0];
+        if (k + parts < chunks) *(float4 *)(csum + (k + parts) * dv + c) = sum[1];
       } else {
         total.x += sum[0].x; total.y += sum[0].y; total.z += sum[0].z; total.w += sum[0].w;
-        total.x += sum[1].x; total.y += sum[1].y; total.z += sum[1].z; total.w += sum[1].w;
+        if (k + 1u < chunks) { total.x += sum[1].x; total.y += sum[1].y; total.z += sum[1].z; total.w += sum[1].w; }
       }
     }
     if (!shared)
@@ -200,7 +206,7 @@ __device__ __forceinline__ void fa2__merge_chunks(const fa2__args &a, const fatt
     __syncthreads();
     for (uint32_t d = threadIdx.x * 2u; d < dv; d += 2u * blockDim.x) {
       float2 total = make_float2(0.f, 0.f);
-      for (uint32_t k = 0; k < 2u * pairs; k++) {
+      for (uint32_t k = 0; k < chunks; k++) {
         const float2 s = *(const float2 *)(csum + k * dv + d);
         total.x += s.x; total.y += s.y;
       }
@@ -222,7 +228,7 @@ __device__ __forceinline__ void fa2__merge_chunks(const fa2__args &a, const fatt
  * bytes at 6), against 3 that 144 registers allowed in session 17. */
 template <typename T>
 __global__ void __launch_bounds__(128, FA2__COMBINE_BLOCKS)
-    fa2__combine(const fa2__args a, uint32_t qpe, uint32_t rpw, uint32_t wpr) {
+    fa2__combine(const fa2__args a, uint32_t qpe, uint32_t rpw, uint32_t wpr, uint32_t csum_floats) {
   /* The caller's next kernel may launch now: it waits for this grid, which ends only after the
    * decode kernel has. If it too releases before its wait, the next layer's store and decode
    * kernels start theirs early, and the decode prologue overlaps this merge. */
@@ -240,13 +246,13 @@ __global__ void __launch_bounds__(128, FA2__COMBINE_BLOCKS)
   fattn__pdl_wait_alone();
   FATTN__STAMP(a.s.stamps, FATTN__K_COMBINE, FATTN__AT_WAITED);
   if (!live || e.num_splits <= 1u) return; /* the whole block alike where wpr > 1 */
-  __shared__ __align__(16) float csum[FA2__CSUM_FLOATS];
+  extern __shared__ __align__(16) float csum[]; /* csum_floats of them */
   if (e.num_splits <= FA2__FEW_SPLITS) {
     if (part == 0u)
       for (uint32_t t = slot; t < e.q_len; t += qpe) fa2__merge_few<T>(a, e, t, hq0, nr, lane);
   } else {
     for (uint32_t t = slot; t < e.q_len; t += qpe)
-      for (uint32_t r = 0; r < nr; r++) fa2__merge_chunks<T>(a, e, t, hq0 + r, part, wpr, csum);
+      for (uint32_t r = 0; r < nr; r++) fa2__merge_chunks<T>(a, e, t, hq0 + r, part, wpr, csum, csum_floats);
   }
   FATTN__STAMP(a.s.stamps, FATTN__K_COMBINE, FATTN__AT_DONE);
 }
@@ -307,15 +313,18 @@ extern "C" int fattn__fa2_attend(fattn__layer_params l, fattn__step_params s, co
     default: err = fa2__launch_hd256(&a, kind, grid, st); break;
   }
   if (err || !decode || !s.split_o) return err;
-  /* Four warps a row where the rows are no more than the SMs, else one, and two rows a warp past
-   * one round of the combine's warps; a row's result depends on neither, so a graph and its
-   * eager step may differ in them. Four warps a row up to a round lost 3-6% at bs 8 and 16
-   * (H100; docs/perf.md, session 29): their rows have at most 4 splits, so 3 warps of 4 idled
-   * in 4 times the blocks. */
+  /* Four warps a row where the rows are no more than the SMs and an entry's most chunks fit
+   * FA2__CSUM_BYTES, else one, and two rows a warp past one round of the combine's warps; a
+   * row's result depends on neither, so a graph and its eager step may differ in them. Four
+   * warps a row up to a round lost 3-6% at bs 8 and 16 (H100; docs/perf.md, session 29): their
+   * rows have at most 4 splits, so 3 warps of 4 idled in 4 times the blocks. */
   const uint32_t rows = s.cap_entries * qpe * l.num_q_heads;
   const uint32_t round = FA2__COMBINE_BLOCKS * 4u * (uint32_t)fa2__sm_count();
-  const uint32_t wpr = rows <= (uint32_t)fa2__sm_count() ? 4u : 1u, rpw = rows > round ? FA2__FEW_ROWS : 1u;
+  const uint32_t csum = (s.max_splits + FA2__CHUNK - 1u) / FA2__CHUNK * l.head_dim_v * 4u;
+  const uint32_t wpr = rows <= (uint32_t)fa2__sm_count() && csum <= FA2__CSUM_BYTES ? 4u : 1u;
+  const uint32_t rpw = rows > round ? FA2__FEW_ROWS : 1u;
   const uint32_t warps = s.cap_entries * qpe * ((l.num_q_heads + rpw - 1u) / rpw) * wpr;
+  const uint32_t smem = wpr > 1u ? csum : 0u;
   return (int)fattn__launch(l.q_dtype == 1u ? fa2__combine<__nv_bfloat16> : fa2__combine<__half>,
-                            dim3((warps + 3u) / 4u), dim3(128), 0, st, a, qpe, rpw, wpr);
+                            dim3((warps + 3u) / 4u), dim3(128), smem, st, a, qpe, rpw, wpr, smem / 4u);
 }
