@@ -224,8 +224,8 @@ __device__ __forceinline__ void fa2__merge_chunks(const fa2__args &a, const fatt
  * no more rows than SMs (bs 1 x 32768: a warp a row of 32 splits issued 1,557 instructions at 4-6
  * cycles each; docs/perf.md, session 29). The entry is indexed, not searched, and read before
  * the wait (attn/pdl.h), so that no chain of loads follows it. Registers for
- * FA2__COMBINE_BLOCKS (5) blocks an SM (96, no spill; two rows' 8 partial rows a lane spill 48
- * bytes at 6), against 3 that 144 registers allowed in session 17. */
+ * FA2__COMBINE_BLOCKS (5) blocks an SM (96: sm_90a spills 12 bytes, sm_80 none; two rows' 8
+ * partial rows a lane spilled 48 bytes at 6), against 3 that 144 registers allowed in session 17. */
 template <typename T>
 __global__ void __launch_bounds__(128, FA2__COMBINE_BLOCKS)
     fa2__combine(const fa2__args a, uint32_t qpe, uint32_t rpw, uint32_t wpr, uint32_t csum_floats) {
