@@ -19,10 +19,12 @@ extern "C" int fattn__fa2_supports(const fattn__layer_params *l) {
  * of 3 splits took 22 us after the decode kernel; docs/perf.md, session 18). */
 #define FA2__FEW_SPLITS 4u
 #define FA2__FEW_ROWS 2u
-/* Rows of more splits are summed by chunks of FA2__CHUNK splits, two chunks a load batch; the
- * chunk sums of a row shared by a block's warps meet in its dynamic shared memory ([chunk][dv]),
- * at most FA2__CSUM_BYTES: one-warp rows take none. */
+/* Rows of more splits are summed by chunks of FA2__CHUNK splits, in the same order whoever sums
+ * them. One warp a row lands FA2__LAND_SPLITS splits at a time in its land ([split][32] float4,
+ * 8 KiB, static); four warps a row (the WIDE combine) load two chunks a batch in registers, and
+ * their chunk sums meet in dynamic shared memory ([chunk][dv]), at most FA2__CSUM_BYTES. */
 #define FA2__CHUNK 4u
+#define FA2__LAND_SPLITS 16u
 #define FA2__CSUM_BYTES 32768u
 /* The combine's blocks an SM (__launch_bounds__; 4 warps each), which sizes a round of rows. */
 #define FA2__COMBINE_BLOCKS 5
@@ -150,10 +152,68 @@ __device__ __forceinline__ void fa2__chunk_sums(const fa2__batch &b, uint32_t ns
   }
 }
 
+/* Merges the split partials of query t of entry e for q head hq (one warp), an entry of more
+ * than FA2__FEW_SPLITS splits: the partial O rows land in this warp's land FA2__LAND_SPLITS
+ * splits at a time (the first batch issued with the LSE pass), so that a row costs a few L2
+ * round trips, not one a split, and are summed as fa2__merge_chunks sums them: each chunk in
+ * split order from +0, the row in chunk order from +0. */
+template <typename T>
+__device__ __forceinline__ void fa2__merge_landed(const fa2__args &a, const fattn__entry &e, uint32_t t, uint32_t hq,
+                                                  uint32_t lane, float4 *land) {
+  constexpr uint32_t B = FA2__LAND_SPLITS;
+  const uint32_t qh = a.l.num_q_heads, dv = a.l.head_dim_v, ns = e.num_splits;
+  const size_t base = (size_t)e.split_row + (size_t)t * ns;
+  const float *lse = a.s.split_lse + base * qh + hq; /* split s at lse[s * qh] */
+  const float *po = a.s.split_o + (base * qh + hq) * dv; /* split s at po[s * qh * dv] */
+  auto fetch = [&](uint32_t s0, uint32_t c) { /* the last split again past ns, weighted 0 */
+#pragma unroll
+    for (uint32_t j = 0; j < B; j++) {
+      const size_t sj = s0 + j < ns ? s0 + j : ns - 1u;
+      fa2__cp16(land + j * 32u + lane, po + sj * qh * dv + c, 1);
+    }
+    fa2__commit();
+  };
+  const uint32_t c0 = lane * 4u; /* this lane's first 4 dims; lanes past dv have none */
+  if (c0 < dv) fetch(0u, c0); /* in flight with the LSE pass: one round trip, not two */
+  const float *sink = a.l.sinks ? a.l.sinks + hq : nullptr;
+  float m, l;
+  fa2__row_scale(lse, qh, ns, sink, m, l);
+  const size_t orow = (size_t)(e.q_start + t) * qh + hq;
+  T *out = (T *)a.out + orow * dv;
+  if (a.lse && lane == 0u) a.lse[orow] = m != -INFINITY ? m + logf(l) : sink ? *sink : -INFINITY;
+  if (m == -INFINITY) { /* a row that sees nothing: O = 0 */
+    fa2__wait<0>(); /* the next row lands where this one's copies go */
+    for (uint32_t c = c0; c < dv; c += 128u) *(uint2 *)(out + c) = make_uint2(0u, 0u);
+    return;
+  }
+  const float inv = a.o_mul / l;
+  for (uint32_t c = c0; c < dv; c += 128u) {
+    float4 total = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (uint32_t s0 = 0; s0 < ns; s0 += B) {
+      if (s0 != 0u || c != c0) fetch(s0, c); /* the first batch of the first dims is in flight */
+      fa2__wait<0>(); /* a lane reads only what its own copies landed */
+#pragma unroll
+      for (uint32_t j0 = 0; j0 < B; j0 += FA2__CHUNK) {
+        if (s0 + j0 >= ns) break; /* fa2__merge_chunks adds no chunk past the last either */
+        float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (uint32_t j = j0; j < j0 + FA2__CHUNK; j++) {
+          /* landed rows' LSEs are read again here, from L1 (the LSE pass read them) */
+          const float wt = s0 + j < ns ? expf(lse[(size_t)(s0 + j) * qh] - m) : 0.f;
+          const float4 y = land[j * 32u + lane];
+          sum.x += wt * y.x; sum.y += wt * y.y; sum.z += wt * y.z; sum.w += wt * y.w;
+        }
+        total.x += sum.x; total.y += sum.y; total.z += sum.z; total.w += sum.w;
+      }
+    }
+    *(uint2 *)(out + c) = make_uint2(fa2__pack<T>(total.x * inv, total.y * inv), fa2__pack<T>(total.z * inv, total.w * inv));
+  }
+}
+
 /* Merges the split partials of query t of entry e for q head hq, an entry of more than
- * FA2__FEW_SPLITS splits. The row is the sum, in chunk order from +0, of its chunks' sums, so
- * its bits do not depend on who sums what: one warp alone (wpr 1: chunks 0 and 1, then 2 and
- * 3, ...), or the block's 4 warps (wpr 4, part = the warp: chunks p and p + 4, then p + 8 and
+ * FA2__FEW_SPLITS splits, in the WIDE combine. The row is the sum, in chunk order from +0, of
+ * its chunks' sums, so its bits do not depend on who sums what: one warp alone (wpr 1, or
+ * chunks past csum_floats: chunks 0 and 1, then 2 and 3, ...), or the block's 4 warps (wpr 4, part = the warp: chunks p and p + 4, then p + 8 and
  * p + 12, ...) into csum ([chunk][dv], csum_floats of the block's shared memory), summed after a
  * barrier by every thread of the block, 2 dims each. A graph and its eager step may so differ
  * in wpr. A warp's first batch is in flight with the LSE pass: one round trip for a row of up
@@ -217,25 +277,29 @@ __device__ __forceinline__ void fa2__merge_chunks(const fa2__args &a, const fatt
 }
 
 /* Warps per (entry, query slot, rpw q heads), qpe query slots an entry: merge the split
- * partials of queries t = slot, slot + qpe, ... of split entries. wpr 1: a warp a unit; two rows
- * a warp (rpw 2) halve the rounds of a grid of more rows than one round holds (verify: 16k rows
- * of 3 splits, tail 16 -> 11.6 us; docs/perf.md, session 19). wpr 4: a block a unit of one
- * row, whose splits its 4 warps share where there are more than FA2__FEW_SPLITS, for grids of
- * no more rows than SMs (bs 1 x 32768: a warp a row of 32 splits issued 1,557 instructions at 4-6
- * cycles each; docs/perf.md, session 29). The entry is indexed, not searched, and read before
- * the wait (attn/pdl.h), so that no chain of loads follows it. Registers for
- * FA2__COMBINE_BLOCKS (5) blocks an SM (96: sm_90a spills 12 bytes, sm_80 none; two rows' 8
- * partial rows a lane spilled 48 bytes at 6), against 3 that 144 registers allowed in session 17. */
-template <typename T>
+ * partials of queries t = slot, slot + qpe, ... of split entries. WIDE false: a warp a unit; two
+ * rows a warp (rpw 2) halve the rounds of a grid of more rows than one round holds (verify: 16k
+ * rows of 3 splits, tail 16 -> 11.6 us; docs/perf.md, session 19). WIDE: a
+ * block a unit of one row, whose splits its 4 warps share where there are more than
+ * FA2__FEW_SPLITS, for grids of no more rows than SMs (bs 1 x 32768: a warp a row of 32 splits
+ * issued 1,557 instructions at 4-6 cycles each; docs/perf.md, session 29). Two kernels, so that
+ * the one-warp kernel of every larger grid keeps its own registers: one kernel with both paths
+ * cost 1-2% of the serve step at bs 8-64 on rows that took neither (docs/perf.md, session 30).
+ * The entry is indexed, not searched, and read before the wait (attn/pdl.h), so that no chain
+ * of loads follows it. Registers for FA2__COMBINE_BLOCKS (5) blocks an SM (96: no spill one
+ * warp a row, 8 bytes WIDE on sm_90a; two rows' 8 partial rows a lane spilled 48 bytes at 6),
+ * against 3 that 144 registers allowed in session 17; the lands (32 KiB and the block's 1 KiB
+ * reserve, of 228 KiB) would fit 6. */
+template <typename T, bool WIDE>
 __global__ void __launch_bounds__(128, FA2__COMBINE_BLOCKS)
-    fa2__combine(const fa2__args a, uint32_t qpe, uint32_t rpw, uint32_t wpr, uint32_t csum_floats) {
+    fa2__combine(const fa2__args a, uint32_t qpe, uint32_t rpw, uint32_t csum_floats) {
   /* The caller's next kernel may launch now: it waits for this grid, which ends only after the
    * decode kernel has. If it too releases before its wait, the next layer's store and decode
    * kernels start theirs early, and the decode prologue overlaps this merge. */
   fattn__pdl_release();
   FATTN__STAMP(a.s.stamps, FATTN__K_COMBINE, FATTN__AT_ENTRY);
   const uint32_t qh = a.l.num_q_heads, lane = threadIdx.x & 31u, hg = (qh + rpw - 1u) / rpw;
-  const uint32_t w = wpr > 1u ? blockIdx.x : blockIdx.x * 4u + (threadIdx.x >> 5), part = wpr > 1u ? threadIdx.x >> 5 : 0u;
+  const uint32_t w = WIDE ? blockIdx.x : blockIdx.x * 4u + (threadIdx.x >> 5), part = WIDE ? threadIdx.x >> 5 : 0u;
   const uint32_t ei = w / (qpe * hg), slot = w / hg % qpe;
   const uint32_t hq0 = w % hg * rpw, nr = min(rpw, qh - hq0);
   const bool live = ei < __ldcg(&a.s.hdr->num_entries);
@@ -245,14 +309,18 @@ __global__ void __launch_bounds__(128, FA2__COMBINE_BLOCKS)
    * could release the caller's next kernel onto an output still being written. */
   fattn__pdl_wait_alone();
   FATTN__STAMP(a.s.stamps, FATTN__K_COMBINE, FATTN__AT_WAITED);
-  if (!live || e.num_splits <= 1u) return; /* the whole block alike where wpr > 1 */
-  extern __shared__ __align__(16) float csum[]; /* csum_floats of them */
+  if (!live || e.num_splits <= 1u) return; /* the whole block alike where WIDE */
   if (e.num_splits <= FA2__FEW_SPLITS) {
     if (part == 0u)
       for (uint32_t t = slot; t < e.q_len; t += qpe) fa2__merge_few<T>(a, e, t, hq0, nr, lane);
-  } else {
+  } else if constexpr (WIDE) {
+    extern __shared__ __align__(16) float csum[]; /* csum_floats of them */
     for (uint32_t t = slot; t < e.q_len; t += qpe)
-      for (uint32_t r = 0; r < nr; r++) fa2__merge_chunks<T>(a, e, t, hq0 + r, part, wpr, csum, csum_floats);
+      for (uint32_t r = 0; r < nr; r++) fa2__merge_chunks<T>(a, e, t, hq0 + r, part, 4u, csum, csum_floats);
+  } else {
+    __shared__ float4 land[4][FA2__LAND_SPLITS * 32u]; /* [warp][split][lane]: 32 KiB */
+    for (uint32_t t = slot; t < e.q_len; t += qpe)
+      for (uint32_t r = 0; r < nr; r++) fa2__merge_landed<T>(a, e, t, hq0 + r, lane, land[threadIdx.x >> 5]);
   }
   FATTN__STAMP(a.s.stamps, FATTN__K_COMBINE, FATTN__AT_DONE);
 }
@@ -325,6 +393,8 @@ extern "C" int fattn__fa2_attend(fattn__layer_params l, fattn__step_params s, co
   const uint32_t rpw = rows > round ? FA2__FEW_ROWS : 1u;
   const uint32_t warps = s.cap_entries * qpe * ((l.num_q_heads + rpw - 1u) / rpw) * wpr;
   const uint32_t smem = wpr > 1u ? csum : 0u;
-  return (int)fattn__launch(l.q_dtype == 1u ? fa2__combine<__nv_bfloat16> : fa2__combine<__half>,
-                            dim3((warps + 3u) / 4u), dim3(128), smem, st, a, qpe, rpw, wpr, smem / 4u);
+  const bool bf16 = l.q_dtype == 1u;
+  auto combine = wpr > 1u ? (bf16 ? fa2__combine<__nv_bfloat16, true> : fa2__combine<__half, true>)
+                          : (bf16 ? fa2__combine<__nv_bfloat16, false> : fa2__combine<__half, false>);
+  return (int)fattn__launch(combine, dim3((warps + 3u) / 4u), dim3(128), smem, st, a, qpe, rpw, smem / 4u);
 }
