@@ -15,13 +15,17 @@ extern "C" int fattn__fa2_supports(const fattn__layer_params *l) {
 }
 
 /* Splits of a row whose partial O the combine holds in registers, up to FA2__FEW_ROWS rows a
- * warp; rows of more splits land FA2__LAND_SPLITS at a time in shared memory, a row at a time,
- * which, unlike registers, the kernel's other rows do not pay for: 16 float4 a lane in
- * registers (144 a thread) held 3 blocks an SM, and verify's 16k rows of 3 splits took 22 us
- * after the decode kernel (docs/perf.md, session 18). */
+ * warp (16 float4 a lane in registers, 144 a thread, held 3 blocks an SM, and verify's 16k rows
+ * of 3 splits took 22 us after the decode kernel; docs/perf.md, session 18). */
 #define FA2__FEW_SPLITS 4u
 #define FA2__FEW_ROWS 2u
+/* Rows of more splits are summed by chunks of FA2__CHUNK splits, in the same order whoever sums
+ * them. One warp a row lands FA2__LAND_SPLITS splits at a time in its land ([split][32] float4,
+ * 8 KiB, static); four warps a row (the WIDE combine) load two chunks a batch in registers, and
+ * their chunk sums meet in dynamic shared memory ([chunk][dv]), at most FA2__CSUM_BYTES. */
+#define FA2__CHUNK 4u
 #define FA2__LAND_SPLITS 16u
+#define FA2__CSUM_BYTES 32768u
 /* The combine's blocks an SM (__launch_bounds__; 4 warps each), which sizes a round of rows. */
 #define FA2__COMBINE_BLOCKS 5
 
@@ -94,11 +98,65 @@ __device__ __forceinline__ void fa2__merge_few(const fa2__args &a, const fattn__
   }
 }
 
+/* One row's scale from its split LSEs (split s at lse[s * qh]): m the largest (-inf: the row
+ * sees nothing) and l the sum of exp(lse_s - m) with the sink's term, split s on lane s % 32,
+ * then a butterfly; every warp that asks gets the same bits. */
+__device__ __forceinline__ void fa2__row_scale(const float *lse, uint32_t qh, uint32_t ns, const float *sink,
+                                               float &m, float &l) {
+  float M = -INFINITY, L = 0.f; /* this lane's splits, then the warp's */
+  for (uint32_t s = threadIdx.x & 31u; s < ns; s += 32u) {
+    const float ls = lse[(size_t)s * qh], mm = fmaxf(M, ls);
+    L = mm == -INFINITY ? 0.f : L * expf(M - mm) + expf(ls - mm);
+    M = mm;
+  }
+  float Mw = M;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) Mw = fmaxf(Mw, __shfl_xor_sync(0xffffffffu, Mw, o));
+  L = M == -INFINITY || Mw == -INFINITY ? 0.f : L * expf(M - Mw);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
+  if (sink && Mw != -INFINITY) L += expf(*sink - Mw);
+  m = Mw, l = L;
+}
+
+/* The LSEs and this lane's 4 dims at c of chunks k and k + stride, one batch of loads (past ns
+ * the last split again, weighted 0 by fa2__chunk_sums). */
+struct fa2__batch {
+  float ls[2u * FA2__CHUNK];
+  float4 y[2u * FA2__CHUNK];
+};
+__device__ __forceinline__ uint32_t fa2__batch_split(uint32_t k, uint32_t stride, uint32_t j) {
+  return (j < FA2__CHUNK ? k : k + stride) * FA2__CHUNK + j % FA2__CHUNK;
+}
+__device__ __forceinline__ void fa2__batch_load(fa2__batch &b, const float *lse, const float *po, uint32_t qh,
+                                                uint32_t dv, uint32_t ns, uint32_t k, uint32_t stride, uint32_t c) {
+#pragma unroll
+  for (uint32_t j = 0; j < 2u * FA2__CHUNK; j++) {
+    const uint32_t s = fa2__batch_split(k, stride, j);
+    const size_t sj = s < ns ? s : ns - 1u;
+    b.ls[j] = lse[sj * qh];
+    if (c < dv) b.y[j] = *(const float4 *)(po + sj * qh * dv + c);
+  }
+}
+/* Chunks k and k + stride: each weighed in split order from +0. */
+__device__ __forceinline__ void fa2__chunk_sums(const fa2__batch &b, uint32_t ns, uint32_t k, uint32_t stride, float m,
+                                                float4 (&sum)[2]) {
+#pragma unroll
+  for (uint32_t h = 0; h < 2u; h++) {
+    sum[h] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (uint32_t j = h * FA2__CHUNK; j < (h + 1u) * FA2__CHUNK; j++) {
+      const float wt = fa2__batch_split(k, stride, j) < ns ? expf(b.ls[j] - m) : 0.f;
+      sum[h].x += wt * b.y[j].x; sum[h].y += wt * b.y[j].y; sum[h].z += wt * b.y[j].z; sum[h].w += wt * b.y[j].w;
+    }
+  }
+}
+
 /* Merges the split partials of query t of entry e for q head hq (one warp), an entry of more
- * than FA2__FEW_SPLITS splits: one pass over the LSEs, then the partial O rows land in this
- * warp's land ([FA2__LAND_SPLITS][32] float4, one a lane a split) FA2__LAND_SPLITS splits at a
- * time (the first batch issued with the LSE pass), so that a row costs a few L2 round trips,
- * not one a split. */
+ * than FA2__FEW_SPLITS splits: the partial O rows land in this warp's land FA2__LAND_SPLITS
+ * splits at a time (the first batch issued with the LSE pass), so that a row costs a few L2
+ * round trips, not one a split, and are summed as fa2__merge_chunks sums them: each chunk in
+ * split order from +0, the row in chunk order from +0. */
 template <typename T>
 __device__ __forceinline__ void fa2__merge_landed(const fa2__args &a, const fattn__entry &e, uint32_t t, uint32_t hq,
                                                   uint32_t lane, float4 *land) {
@@ -117,67 +175,132 @@ __device__ __forceinline__ void fa2__merge_landed(const fa2__args &a, const fatt
   };
   const uint32_t c0 = lane * 4u; /* this lane's first 4 dims; lanes past dv have none */
   if (c0 < dv) fetch(0u, c0); /* in flight with the LSE pass: one round trip, not two */
-  float M = -INFINITY, L = 0.f; /* this lane's splits, then the warp's */
-  for (uint32_t s = lane; s < ns; s += 32u) {
-    const float ls = lse[(size_t)s * qh], m = fmaxf(M, ls);
-    L = m == -INFINITY ? 0.f : L * expf(M - m) + expf(ls - m);
-    M = m;
-  }
-  float Mw = M;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) Mw = fmaxf(Mw, __shfl_xor_sync(0xffffffffu, Mw, o));
+  const float *sink = a.l.sinks ? a.l.sinks + hq : nullptr;
+  float m, l;
+  fa2__row_scale(lse, qh, ns, sink, m, l);
   const size_t orow = (size_t)(e.q_start + t) * qh + hq;
   T *out = (T *)a.out + orow * dv;
-  if (Mw == -INFINITY) {
+  if (a.lse && lane == 0u) a.lse[orow] = m != -INFINITY ? m + logf(l) : sink ? *sink : -INFINITY;
+  if (m == -INFINITY) { /* a row that sees nothing: O = 0 */
     fa2__wait<0>(); /* the next row lands where this one's copies go */
-    for (uint32_t c = c0; c < dv; c += 128u)
-      *(uint2 *)(out + c) = make_uint2(0u, 0u);
-    if (a.lse && lane == 0u) a.lse[orow] = a.l.sinks ? a.l.sinks[hq] : -INFINITY;
+    for (uint32_t c = c0; c < dv; c += 128u) *(uint2 *)(out + c) = make_uint2(0u, 0u);
     return;
   }
-  L = M == -INFINITY ? 0.f : L * expf(M - Mw);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
-  if (a.l.sinks) L += expf(a.l.sinks[hq] - Mw);
-  const float inv = a.o_mul / L;
+  const float inv = a.o_mul / l;
   for (uint32_t c = c0; c < dv; c += 128u) {
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    float4 total = make_float4(0.f, 0.f, 0.f, 0.f);
     for (uint32_t s0 = 0; s0 < ns; s0 += B) {
       if (s0 != 0u || c != c0) fetch(s0, c); /* the first batch of the first dims is in flight */
       fa2__wait<0>(); /* a lane reads only what its own copies landed */
 #pragma unroll
-      for (uint32_t j = 0; j < B; j++) {
-        /* landed rows' LSEs are read again here, from L1 (the LSE pass read them) */
-        const float wt = s0 + j < ns ? expf(lse[(size_t)(s0 + j) * qh] - Mw) : 0.f;
-        const float4 y = land[j * 32u + lane];
-        acc.x += wt * y.x; acc.y += wt * y.y; acc.z += wt * y.z; acc.w += wt * y.w;
+      for (uint32_t j0 = 0; j0 < B; j0 += FA2__CHUNK) {
+        if (s0 + j0 >= ns) break; /* fa2__merge_chunks adds no chunk past the last either */
+        float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (uint32_t j = j0; j < j0 + FA2__CHUNK; j++) {
+          /* landed rows' LSEs are read again here, from L1 (the LSE pass read them) */
+          const float wt = s0 + j < ns ? expf(lse[(size_t)(s0 + j) * qh] - m) : 0.f;
+          const float4 y = land[j * 32u + lane];
+          sum.x += wt * y.x; sum.y += wt * y.y; sum.z += wt * y.z; sum.w += wt * y.w;
+        }
+        total.x += sum.x; total.y += sum.y; total.z += sum.z; total.w += sum.w;
       }
     }
-    *(uint2 *)(out + c) = make_uint2(fa2__pack<T>(acc.x * inv, acc.y * inv), fa2__pack<T>(acc.z * inv, acc.w * inv));
+    *(uint2 *)(out + c) = make_uint2(fa2__pack<T>(total.x * inv, total.y * inv), fa2__pack<T>(total.z * inv, total.w * inv));
   }
-  if (a.lse && lane == 0u) a.lse[orow] = Mw + logf(L);
 }
 
-/* One warp per (entry, query slot, rpw q heads), qpe query slots an entry: merges the split
- * partials of queries t = slot, slot + qpe, ... of split entries. Two rows a warp (rpw 2) halve
- * the rounds of a grid of more rows than one round holds (verify: 16k rows of 3 splits, tail 16
- * -> 11.6 us); fewer rows go one a warp, since rows that land run one after another in their
- * warp (bs 1 x 32768, 32 rows of 32 splits: tail 3.8 -> 6.7 us at two a warp; docs/perf.md,
- * session 19). The entry is indexed, not searched, and read before the wait (attn/pdl.h), so
- * that no chain of loads follows it. Registers for FA2__COMBINE_BLOCKS (5) blocks an SM (96,
- * no spill; two rows' 8 partial rows a lane spill 48 bytes at 6), against 3 that 144 registers
- * allowed in session 17; the landing area (32 KiB and the block's 1 KiB reserve, of 228 KiB)
- * would fit 6. */
+/* Merges the split partials of query t of entry e for q head hq, an entry of more than
+ * FA2__FEW_SPLITS splits, in the WIDE combine. The row is the sum, in chunk order from +0, of
+ * its chunks' sums, so its bits do not depend on who sums what: one warp alone (wpr 1, or
+ * chunks past csum_floats: chunks 0 and 1, then 2 and 3, ...), or the block's 4 warps (wpr 4, part = the warp: chunks p and p + 4, then p + 8 and
+ * p + 12, ...) into csum ([chunk][dv], csum_floats of the block's shared memory), summed after a
+ * barrier by every thread of the block, 2 dims each. A graph and its eager step may so differ
+ * in wpr. A warp's first batch is in flight with the LSE pass: one round trip for a row of up
+ * to 8 wpr splits. */
 template <typename T>
+__device__ __forceinline__ void fa2__merge_chunks(const fa2__args &a, const fattn__entry &e, uint32_t t, uint32_t hq,
+                                                  uint32_t part, uint32_t wpr, float *csum, uint32_t csum_floats) {
+  const uint32_t qh = a.l.num_q_heads, dv = a.l.head_dim_v, ns = e.num_splits, lane = threadIdx.x & 31u;
+  const uint32_t chunks = (ns + FA2__CHUNK - 1u) / FA2__CHUNK;
+  /* the same in every warp of the block: its warps share the row */
+  const bool shared = wpr > 1u && chunks * dv <= csum_floats;
+  const uint32_t parts = shared ? wpr : 1u;
+  if (part >= parts) return;
+  const size_t base = (size_t)e.split_row + (size_t)t * ns;
+  const float *lse = a.s.split_lse + base * qh + hq; /* split s at lse[s * qh] */
+  const float *po = a.s.split_o + (base * qh + hq) * dv; /* split s at po[s * qh * dv] */
+  const uint32_t c0 = lane * 4u; /* this lane's first 4 dims; lanes past dv have none */
+  fa2__batch b;
+  if (part < chunks) fa2__batch_load(b, lse, po, qh, dv, ns, part, parts, c0);
+  const float *sink = a.l.sinks ? a.l.sinks + hq : nullptr;
+  float m, l;
+  fa2__row_scale(lse, qh, ns, sink, m, l);
+  const size_t orow = (size_t)(e.q_start + t) * qh + hq;
+  T *out = (T *)a.out + orow * dv;
+  if (a.lse && part == 0u && lane == 0u) a.lse[orow] = m != -INFINITY ? m + logf(l) : sink ? *sink : -INFINITY;
+  if (m == -INFINITY) { /* a row that sees nothing: O = 0 (every part returns here alike) */
+    if (part == 0u)
+      for (uint32_t c = c0; c < dv; c += 128u) *(uint2 *)(out + c) = make_uint2(0u, 0u);
+    return;
+  }
+  const float inv = a.o_mul / l;
+  for (uint32_t c = c0; c < dv; c += 128u) {
+    float4 total = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (uint32_t k = part; k < chunks; k += 2u * parts) {
+      if (k != part || c != c0) fa2__batch_load(b, lse, po, qh, dv, ns, k, parts, c);
+      float4 sum[2];
+      fa2__chunk_sums(b, ns, k, parts, m, sum);
+      if (shared) {
+        *(float4 *)(csum + k * dv + c) = sum[0];
+        if (k + parts < chunks) *(float4 *)(csum + (k + parts) * dv + c) = sum[1];
+      } else {
+        total.x += sum[0].x; total.y += sum[0].y; total.z += sum[0].z; total.w += sum[0].w;
+        if (k + 1u < chunks) { total.x += sum[1].x; total.y += sum[1].y; total.z += sum[1].z; total.w += sum[1].w; }
+      }
+    }
+    if (!shared)
+      *(uint2 *)(out + c) = make_uint2(fa2__pack<T>(total.x * inv, total.y * inv), fa2__pack<T>(total.z * inv, total.w * inv));
+  }
+  if (shared) {
+    __syncthreads();
+    for (uint32_t d = threadIdx.x * 2u; d < dv; d += 2u * blockDim.x) {
+      float2 total = make_float2(0.f, 0.f);
+      for (uint32_t k = 0; k < chunks; k++) {
+        const float2 s = *(const float2 *)(csum + k * dv + d);
+        total.x += s.x; total.y += s.y;
+      }
+      *(uint32_t *)(out + d) = fa2__pack<T>(total.x * inv, total.y * inv);
+    }
+    __syncthreads(); /* the next row's sums go where this one's were */
+  }
+}
+
+/* Warps per (entry, query slot, rpw q heads), qpe query slots an entry: merge the split
+ * partials of queries t = slot, slot + qpe, ... of split entries. WIDE false: a warp a unit; two
+ * rows a warp (rpw 2) halve the rounds of a grid of more rows than one round holds (verify: 16k
+ * rows of 3 splits, tail 16 -> 11.6 us; docs/perf.md, session 19). WIDE: a
+ * block a unit of one row, whose splits its 4 warps share where there are more than
+ * FA2__FEW_SPLITS, for grids of no more rows than SMs (bs 1 x 32768: a warp a row of 32 splits
+ * issued 1,557 instructions at 4-6 cycles each; docs/perf.md, session 29). Two kernels, so that
+ * the one-warp kernel of every larger grid keeps its own registers: one kernel with both paths
+ * cost 1-2% of the serve step at bs 8-64 on rows that took neither (docs/perf.md, session 30).
+ * The entry is indexed, not searched, and read before the wait (attn/pdl.h), so that no chain
+ * of loads follows it. Registers for FA2__COMBINE_BLOCKS (5) blocks an SM (96: no spill one
+ * warp a row, 8 bytes WIDE on sm_90a; two rows' 8 partial rows a lane spilled 48 bytes at 6),
+ * against 3 that 144 registers allowed in session 17; the lands (32 KiB and the block's 1 KiB
+ * reserve, of 228 KiB) would fit 6. */
+template <typename T, bool WIDE>
 __global__ void __launch_bounds__(128, FA2__COMBINE_BLOCKS)
-    fa2__combine(const fa2__args a, uint32_t qpe, uint32_t rpw) {
+    fa2__combine(const fa2__args a, uint32_t qpe, uint32_t rpw, uint32_t csum_floats) {
   /* The caller's next kernel may launch now: it waits for this grid, which ends only after the
    * decode kernel has. If it too releases before its wait, the next layer's store and decode
    * kernels start theirs early, and the decode prologue overlaps this merge. */
   fattn__pdl_release();
   FATTN__STAMP(a.s.stamps, FATTN__K_COMBINE, FATTN__AT_ENTRY);
   const uint32_t qh = a.l.num_q_heads, lane = threadIdx.x & 31u, hg = (qh + rpw - 1u) / rpw;
-  const uint32_t w = blockIdx.x * 4u + (threadIdx.x >> 5), ei = w / (qpe * hg), slot = w / hg % qpe;
+  const uint32_t w = WIDE ? blockIdx.x : blockIdx.x * 4u + (threadIdx.x >> 5), part = WIDE ? threadIdx.x >> 5 : 0u;
+  const uint32_t ei = w / (qpe * hg), slot = w / hg % qpe;
   const uint32_t hq0 = w % hg * rpw, nr = min(rpw, qh - hq0);
   const bool live = ei < __ldcg(&a.s.hdr->num_entries);
   const fattn__entry e = live ? fa2__entry(a.s.entries + ei) : fattn__entry{};
@@ -186,14 +309,18 @@ __global__ void __launch_bounds__(128, FA2__COMBINE_BLOCKS)
    * could release the caller's next kernel onto an output still being written. */
   fattn__pdl_wait_alone();
   FATTN__STAMP(a.s.stamps, FATTN__K_COMBINE, FATTN__AT_WAITED);
-  if (!live || e.num_splits <= 1u) return;
-  __shared__ float4 land[4][FA2__LAND_SPLITS * 32u]; /* [warp][split][lane]: 32 KiB */
-  for (uint32_t t = slot; t < e.q_len; t += qpe) {
-    if (e.num_splits <= FA2__FEW_SPLITS) {
-      fa2__merge_few<T>(a, e, t, hq0, nr, lane);
-    } else {
+  if (!live || e.num_splits <= 1u) return; /* the whole block alike where WIDE */
+  if (e.num_splits <= FA2__FEW_SPLITS) {
+    if (part == 0u)
+      for (uint32_t t = slot; t < e.q_len; t += qpe) fa2__merge_few<T>(a, e, t, hq0, nr, lane);
+  } else if constexpr (WIDE) {
+    extern __shared__ __align__(16) float csum[]; /* csum_floats of them */
+    for (uint32_t t = slot; t < e.q_len; t += qpe)
+      for (uint32_t r = 0; r < nr; r++) fa2__merge_chunks<T>(a, e, t, hq0 + r, part, 4u, csum, csum_floats);
+  } else {
+    __shared__ float4 land[4][FA2__LAND_SPLITS * 32u]; /* [warp][split][lane]: 32 KiB */
+    for (uint32_t t = slot; t < e.q_len; t += qpe)
       for (uint32_t r = 0; r < nr; r++) fa2__merge_landed<T>(a, e, t, hq0 + r, lane, land[threadIdx.x >> 5]);
-    }
   }
   FATTN__STAMP(a.s.stamps, FATTN__K_COMBINE, FATTN__AT_DONE);
 }
@@ -254,12 +381,20 @@ extern "C" int fattn__fa2_attend(fattn__layer_params l, fattn__step_params s, co
     default: err = fa2__launch_hd256(&a, kind, grid, st); break;
   }
   if (err || !decode || !s.split_o) return err;
-  /* two rows a warp past one round of the combine's warps; a row's result does not depend on
-   * it, so a graph and its eager step may differ in it */
+  /* Four warps a row where the rows are no more than the SMs and an entry's most chunks fit
+   * FA2__CSUM_BYTES, else one, and two rows a warp past one round of the combine's warps; a
+   * row's result depends on neither, so a graph and its eager step may differ in them. Four
+   * warps a row up to a round lost 3-6% at bs 8 and 16 (H100; docs/perf.md, session 29): their
+   * rows have at most 4 splits, so 3 warps of 4 idled in 4 times the blocks. */
   const uint32_t rows = s.cap_entries * qpe * l.num_q_heads;
   const uint32_t round = FA2__COMBINE_BLOCKS * 4u * (uint32_t)fa2__sm_count();
+  const uint32_t csum = (s.max_splits + FA2__CHUNK - 1u) / FA2__CHUNK * l.head_dim_v * 4u;
+  const uint32_t wpr = rows <= (uint32_t)fa2__sm_count() && csum <= FA2__CSUM_BYTES ? 4u : 1u;
   const uint32_t rpw = rows > round ? FA2__FEW_ROWS : 1u;
-  const uint32_t warps = s.cap_entries * qpe * ((l.num_q_heads + rpw - 1u) / rpw);
-  return (int)fattn__launch(l.q_dtype == 1u ? fa2__combine<__nv_bfloat16> : fa2__combine<__half>,
-                            dim3((warps + 3u) / 4u), dim3(128), 0, st, a, qpe, rpw);
+  const uint32_t warps = s.cap_entries * qpe * ((l.num_q_heads + rpw - 1u) / rpw) * wpr;
+  const uint32_t smem = wpr > 1u ? csum : 0u;
+  const bool bf16 = l.q_dtype == 1u;
+  auto combine = wpr > 1u ? (bf16 ? fa2__combine<__nv_bfloat16, true> : fa2__combine<__half, true>)
+                          : (bf16 ? fa2__combine<__nv_bfloat16, false> : fa2__combine<__half, false>);
+  return (int)fattn__launch(combine, dim3((warps + 3u) / 4u), dim3(128), smem, st, a, qpe, rpw, smem / 4u);
 }
