@@ -206,18 +206,19 @@ __device__ __forceinline__ void fa2__merge_landed(const fa2__args &a, const fatt
         total.x += sum.x; total.y += sum.y; total.z += sum.z; total.w += sum.w;
       }
     }
-    *(uint2 *)(out + c) = make_uint2(fa2__pack<T>(total.x * inv, total.y * inv), fa2__pack<T>(total.z * inv, total.w * inv));
+    *(uint2 *)(out + c) = make_uint2(fa2__pack<T>(total.x * inv, total.y * inv),
+                                     fa2__pack<T>(total.z * inv, total.w * inv));
   }
 }
 
 /* Merges the split partials of query t of entry e for q head hq, an entry of more than
  * FA2__FEW_SPLITS splits, in the WIDE combine. The row is the sum, in chunk order from +0, of
- * its chunks' sums, so its bits do not depend on who sums what: one warp alone (wpr 1, or
- * chunks past csum_floats: chunks 0 and 1, then 2 and 3, ...), or the block's 4 warps (wpr 4, part = the warp: chunks p and p + 4, then p + 8 and
- * p + 12, ...) into csum ([chunk][dv], csum_floats of the block's shared memory), summed after a
- * barrier by every thread of the block, 2 dims each. A graph and its eager step may so differ
- * in wpr. A warp's first batch is in flight with the LSE pass: one round trip for a row of up
- * to 8 wpr splits. */
+ * its chunks' sums, as fa2__merge_landed sums it, so its bits do not depend on who sums what:
+ * the block's 4 warps (wpr 4, part = the warp: chunks p and p + 4, then p + 8 and p + 12, ...)
+ * into csum ([chunk][dv], csum_floats of the block's shared memory), summed after a barrier by
+ * every thread of the block, 2 dims each; or warp 0 alone where the chunk sums would not fit
+ * csum (chunks 0 and 1, then 2 and 3, ...). A warp's first batch is in flight with the LSE
+ * pass: one round trip for a row of up to 8 wpr splits. */
 template <typename T>
 __device__ __forceinline__ void fa2__merge_chunks(const fa2__args &a, const fattn__entry &e, uint32_t t, uint32_t hq,
                                                   uint32_t part, uint32_t wpr, float *csum, uint32_t csum_floats) {
@@ -260,7 +261,8 @@ __device__ __forceinline__ void fa2__merge_chunks(const fa2__args &a, const fatt
       }
     }
     if (!shared)
-      *(uint2 *)(out + c) = make_uint2(fa2__pack<T>(total.x * inv, total.y * inv), fa2__pack<T>(total.z * inv, total.w * inv));
+      *(uint2 *)(out + c) = make_uint2(fa2__pack<T>(total.x * inv, total.y * inv),
+                                       fa2__pack<T>(total.z * inv, total.w * inv));
   }
   if (shared) {
     __syncthreads();
