@@ -26,6 +26,7 @@ extern "C" int fattn__fa2_supports(const fattn__layer_params *l) {
 #define FA2__CHUNK 4u
 #define FA2__LAND_SPLITS 16u
 #define FA2__CSUM_BYTES 32768u
+#define FA2__WIDE_WARPS 4u
 /* The combine's blocks an SM (__launch_bounds__; 4 warps each), which sizes a round of rows. */
 #define FA2__COMBINE_BLOCKS 5
 
@@ -214,26 +215,25 @@ __device__ __forceinline__ void fa2__merge_landed(const fa2__args &a, const fatt
 /* Merges the split partials of query t of entry e for q head hq, an entry of more than
  * FA2__FEW_SPLITS splits, in the WIDE combine. The row is the sum, in chunk order from +0, of
  * its chunks' sums, as fa2__merge_landed sums it, so its bits do not depend on who sums what:
- * the block's 4 warps (wpr 4, part = the warp: chunks p and p + 4, then p + 8 and p + 12, ...)
- * into csum ([chunk][dv], csum_floats of the block's shared memory), summed after a barrier by
- * every thread of the block, 2 dims each; or warp 0 alone where the chunk sums would not fit
- * csum (chunks 0 and 1, then 2 and 3, ...). A warp's first batch is in flight with the LSE
- * pass: one round trip for a row of up to 8 wpr splits. */
+ * the block's FA2__WIDE_WARPS warps (part = the warp: chunks p and p + 4, then p + 8 and
+ * p + 12, ...) into csum ([chunk][dv], csum_floats of the block's shared memory), summed after
+ * a barrier by every thread of the block, 2 dims each. A warp's first batch is in flight with
+ * the LSE pass: one round trip for a row of up to 32 splits. The host sizes csum for
+ * max_splits, which bounds every entry's splits; a row past it is left unwritten, not
+ * written past csum. */
 template <typename T>
 __device__ __forceinline__ void fa2__merge_chunks(const fa2__args &a, const fattn__entry &e, uint32_t t, uint32_t hq,
-                                                  uint32_t part, uint32_t wpr, float *csum, uint32_t csum_floats) {
+                                                  uint32_t part, float *csum, uint32_t csum_floats) {
+  constexpr uint32_t P = FA2__WIDE_WARPS;
   const uint32_t qh = a.l.num_q_heads, dv = a.l.head_dim_v, ns = e.num_splits, lane = threadIdx.x & 31u;
   const uint32_t chunks = (ns + FA2__CHUNK - 1u) / FA2__CHUNK;
-  /* the same in every warp of the block: its warps share the row */
-  const bool shared = wpr > 1u && chunks * dv <= csum_floats;
-  const uint32_t parts = shared ? wpr : 1u;
-  if (part >= parts) return;
+  if (chunks * dv > csum_floats) return; /* the whole block alike */
   const size_t base = (size_t)e.split_row + (size_t)t * ns;
   const float *lse = a.s.split_lse + base * qh + hq; /* split s at lse[s * qh] */
   const float *po = a.s.split_o + (base * qh + hq) * dv; /* split s at po[s * qh * dv] */
   const uint32_t c0 = lane * 4u; /* this lane's first 4 dims; lanes past dv have none */
   fa2__batch b;
-  if (part < chunks) fa2__batch_load(b, lse, po, qh, dv, ns, part, parts, c0);
+  if (part < chunks) fa2__batch_load(b, lse, po, qh, dv, ns, part, P, c0);
   const float *sink = a.l.sinks ? a.l.sinks + hq : nullptr;
   float m, l;
   fa2__row_scale(lse, qh, ns, sink, m, l);
@@ -245,37 +245,25 @@ __device__ __forceinline__ void fa2__merge_chunks(const fa2__args &a, const fatt
       for (uint32_t c = c0; c < dv; c += 128u) *(uint2 *)(out + c) = make_uint2(0u, 0u);
     return;
   }
-  const float inv = a.o_mul / l;
-  for (uint32_t c = c0; c < dv; c += 128u) {
-    float4 total = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (uint32_t k = part; k < chunks; k += 2u * parts) {
-      if (k != part || c != c0) fa2__batch_load(b, lse, po, qh, dv, ns, k, parts, c);
+  for (uint32_t c = c0; c < dv; c += 128u)
+    for (uint32_t k = part; k < chunks; k += 2u * P) {
+      if (k != part || c != c0) fa2__batch_load(b, lse, po, qh, dv, ns, k, P, c);
       float4 sum[2];
-      fa2__chunk_sums(b, ns, k, parts, m, sum);
-      if (shared) {
-        *(float4 *)(csum + k * dv + c) = sum[0];
-        if (k + parts < chunks) *(float4 *)(csum + (k + parts) * dv + c) = sum[1];
-      } else {
-        total.x += sum[0].x; total.y += sum[0].y; total.z += sum[0].z; total.w += sum[0].w;
-        if (k + 1u < chunks) { total.x += sum[1].x; total.y += sum[1].y; total.z += sum[1].z; total.w += sum[1].w; }
-      }
+      fa2__chunk_sums(b, ns, k, P, m, sum);
+      *(float4 *)(csum + k * dv + c) = sum[0];
+      if (k + P < chunks) *(float4 *)(csum + (k + P) * dv + c) = sum[1];
     }
-    if (!shared)
-      *(uint2 *)(out + c) = make_uint2(fa2__pack<T>(total.x * inv, total.y * inv),
-                                       fa2__pack<T>(total.z * inv, total.w * inv));
-  }
-  if (shared) {
-    __syncthreads();
-    for (uint32_t d = threadIdx.x * 2u; d < dv; d += 2u * blockDim.x) {
-      float2 total = make_float2(0.f, 0.f);
-      for (uint32_t k = 0; k < chunks; k++) {
-        const float2 s = *(const float2 *)(csum + k * dv + d);
-        total.x += s.x; total.y += s.y;
-      }
-      *(uint32_t *)(out + d) = fa2__pack<T>(total.x * inv, total.y * inv);
+  __syncthreads();
+  const float inv = a.o_mul / l;
+  for (uint32_t d = threadIdx.x * 2u; d < dv; d += 2u * blockDim.x) {
+    float2 total = make_float2(0.f, 0.f);
+    for (uint32_t k = 0; k < chunks; k++) {
+      const float2 s = *(const float2 *)(csum + k * dv + d);
+      total.x += s.x; total.y += s.y;
     }
-    __syncthreads(); /* the next row's sums go where this one's were */
+    *(uint32_t *)(out + d) = fa2__pack<T>(total.x * inv, total.y * inv);
   }
+  __syncthreads(); /* the next row's sums go where this one's were */
 }
 
 /* Warps per (entry, query slot, rpw q heads), qpe query slots an entry: merge the split
@@ -318,7 +306,7 @@ __global__ void __launch_bounds__(128, FA2__COMBINE_BLOCKS)
   } else if constexpr (WIDE) {
     extern __shared__ __align__(16) float csum[]; /* csum_floats of them */
     for (uint32_t t = slot; t < e.q_len; t += qpe)
-      for (uint32_t r = 0; r < nr; r++) fa2__merge_chunks<T>(a, e, t, hq0 + r, part, 4u, csum, csum_floats);
+      for (uint32_t r = 0; r < nr; r++) fa2__merge_chunks<T>(a, e, t, hq0 + r, part, csum, csum_floats);
   } else {
     __shared__ float4 land[4][FA2__LAND_SPLITS * 32u]; /* [warp][split][lane]: 32 KiB */
     for (uint32_t t = slot; t < e.q_len; t += qpe)
@@ -391,7 +379,7 @@ extern "C" int fattn__fa2_attend(fattn__layer_params l, fattn__step_params s, co
   const uint32_t rows = s.cap_entries * qpe * l.num_q_heads;
   const uint32_t round = FA2__COMBINE_BLOCKS * 4u * (uint32_t)fa2__sm_count();
   const uint32_t csum = (s.max_splits + FA2__CHUNK - 1u) / FA2__CHUNK * l.head_dim_v * 4u;
-  const uint32_t wpr = rows <= (uint32_t)fa2__sm_count() && csum <= FA2__CSUM_BYTES ? 4u : 1u;
+  const uint32_t wpr = rows <= (uint32_t)fa2__sm_count() && csum <= FA2__CSUM_BYTES ? FA2__WIDE_WARPS : 1u;
   const uint32_t rpw = rows > round ? FA2__FEW_ROWS : 1u;
   const uint32_t warps = s.cap_entries * qpe * ((l.num_q_heads + rpw - 1u) / rpw) * wpr;
   const uint32_t smem = wpr > 1u ? csum : 0u;
