@@ -96,18 +96,23 @@ static void *ref_thread(void *arg) {
   return NULL;
 }
 
-/* Entries cut into pieces of at most 64 queries where that leaves the result unchanged
- * (no splits, no tree): a causal piece ends its KV at its last query. Caller frees. */
+/* Entries cut into pieces of at most REF_PIECE queries where that leaves the result unchanged
+ * (no splits, no tree): a causal piece ends its KV at its last query. Small pieces keep every
+ * thread busy where one entry holds most of the work (a cross entry of 300 queries over 4224
+ * slots, drawn first and so past the budget, kept 5 threads of 16 busy for 43-54 s). */
+enum { REF_PIECE = 16 };
+static int ref_cuts(const fattn__entry *e) {
+  return e->num_splits <= 1 && e->mask_row == UINT32_MAX && e->q_len > REF_PIECE;
+}
 static fattn__entry *ref_pieces(const fattn__step_hdr *h, const fattn__entry *e, uint32_t *n) {
   uint32_t cnt = 0;
-  for (uint32_t i = 0; i < h->num_entries; i++)
-    cnt += (e[i].num_splits <= 1 && e[i].mask_row == UINT32_MAX && e[i].q_len > 64) ? (e[i].q_len + 63) / 64 : 1;
+  for (uint32_t i = 0; i < h->num_entries; i++) cnt += ref_cuts(&e[i]) ? (e[i].q_len + REF_PIECE - 1) / REF_PIECE : 1;
   fattn__entry *p = fattn_test_xmalloc(cnt * sizeof *p);
   uint32_t k = 0;
   for (uint32_t i = 0; i < h->num_entries; i++) {
-    if (!(e[i].num_splits <= 1 && e[i].mask_row == UINT32_MAX && e[i].q_len > 64)) { p[k++] = e[i]; continue; }
-    for (uint32_t t0 = 0; t0 < e[i].q_len; t0 += 64) {
-      uint32_t t1 = t0 + 64 < e[i].q_len ? t0 + 64 : e[i].q_len;
+    if (!ref_cuts(&e[i])) { p[k++] = e[i]; continue; }
+    for (uint32_t t0 = 0; t0 < e[i].q_len; t0 += REF_PIECE) {
+      uint32_t t1 = t0 + REF_PIECE < e[i].q_len ? t0 + REF_PIECE : e[i].q_len;
       p[k] = e[i];
       p[k].q_len = t1 - t0;
       p[k].q_start = e[i].q_start + t0;
