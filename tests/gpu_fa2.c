@@ -99,7 +99,8 @@ static void *ref_thread(void *arg) {
 /* Entries cut into pieces of at most REF_PIECE queries where that leaves the result unchanged
  * (no splits, no tree): a causal piece ends its KV at its last query. Small pieces keep every
  * thread busy where one entry holds most of the work (a cross entry of 300 queries over 4224
- * slots, drawn first and so past the budget, kept 5 threads of 16 busy for 43-54 s). */
+ * slots, drawn first and so past the budget, kept 5 threads of 16 busy for 43-54 s). Caller
+ * frees. */
 enum { REF_PIECE = 16 };
 static int ref_cuts(const fattn__entry *e) {
   return e->num_splits <= 1 && e->mask_row == UINT32_MAX && e->q_len > REF_PIECE;
