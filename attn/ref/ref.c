@@ -120,17 +120,26 @@ static void fattn__ref_add_v(const fattn__ref_row *r, uint32_t j, double w, doub
 
 /* Softmax over the visible slots of [lo, hi) alone: o [head_dim_v] normalised; returns the
  * LSE, or -INFINITY with o = 0 when no slot is visible. P is taken against this pass's max
- * so that a rounded P (p_dtype) holds the values a kernel's P does; the sum stays exact. */
+ * so that a rounded P (p_dtype) holds the values a kernel's P does; the sum stays exact. The
+ * max pass keeps up to FATTN__REF_KEPT scores on the stack for the sum pass, which otherwise
+ * computes them again (the same doubles either way). */
+#define FATTN__REF_KEPT 2048u
 static double fattn__ref_pass(const fattn__ref_row *r, uint32_t lo, uint32_t hi, double *o) {
-  double m = -INFINITY, sum = 0.0;
+  double m = -INFINITY, sum = 0.0, kept[FATTN__REF_KEPT];
+  const int keep = hi - lo <= FATTN__REF_KEPT;
   uint32_t seen = 0;
   for (uint32_t c = 0; c < r->l->head_dim_v; c++) o[c] = 0.0;
   for (uint32_t j = lo; j < hi; j++)
-    if (fattn__ref_sees(r, j)) { m = fmax(m, fattn__ref_score(r, j)); seen++; }
+    if (fattn__ref_sees(r, j)) {
+      const double x = fattn__ref_score(r, j);
+      if (keep) kept[j - lo] = x;
+      m = fmax(m, x);
+      seen++;
+    }
   if (seen == 0) return -INFINITY;
   for (uint32_t j = lo; j < hi; j++) {
     if (!fattn__ref_sees(r, j)) continue;
-    double p = exp(fattn__ref_score(r, j) - m);
+    double p = exp((keep ? kept[j - lo] : fattn__ref_score(r, j)) - m);
     sum += p;
     fattn__ref_add_v(r, j, r->p_dtype ? fattn__ref_round(r->p_dtype, p) : p, o);
   }
