@@ -277,9 +277,9 @@ __device__ __forceinline__ void fa2__merge_chunks(const fa2__args &a, const fatt
  * cost 1-2% of the serve step at bs 8-64 on rows that took neither (docs/perf.md, session 30).
  * The entry is indexed, not searched, and read before the wait (attn/pdl.h), so that no chain
  * of loads follows it. Registers for FA2__COMBINE_BLOCKS (5) blocks an SM (96: no spill one
- * warp a row, 8 bytes WIDE on sm_90a; two rows' 8 partial rows a lane spilled 48 bytes at 6),
- * against 3 that 144 registers allowed in session 17; the lands (32 KiB and the block's 1 KiB
- * reserve, of 228 KiB) would fit 6. */
+ * warp a row; WIDE spills 12 bytes stored, 20 loaded on sm_90a; two rows' 8 partial rows a
+ * lane spilled 48 bytes at 6), against 3 that 144 registers allowed in session 17; the lands
+ * (32 KiB and the block's 1 KiB reserve, of 228 KiB) would fit 6. */
 template <typename T, bool WIDE>
 __global__ void __launch_bounds__(128, FA2__COMBINE_BLOCKS)
     fa2__combine(const fa2__args a, uint32_t qpe, uint32_t rpw, uint32_t csum_floats) {
