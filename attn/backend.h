@@ -17,6 +17,12 @@ typedef struct fattn__ref_opts {
   double *out_f64;     /* non-NULL: O written here as double [q_tokens, q_heads, head_dim_v]
                           instead of out (then out may be NULL) */
   double *lse_f64;     /* non-NULL: LSE as double [q_tokens, q_heads] (lse may be NULL) */
+  void *out_rounded;   /* non-NULL: also O with P rounded to q_dtype, in q_dtype, bit for bit
+                          what a second call with p_dtype = q_dtype writes, from the same scores
+                          where an entry has no splits (p_dtype must be 0) */
+  double *scores;      /* non-NULL: room for scores_cap scores, so that a row's pass over more
+                          slots than the stack keeps computes each score once (same results) */
+  uint32_t scores_cap;
 } fattn__ref_opts;
 
 /* K/V rows [new_tokens, kv_heads, d] (q_dtype) into their page slots (kv_dtype; fp8 is

@@ -172,8 +172,8 @@ res fx_run(fx *f, const float *q, uint32_t p_dtype, uint32_t ignore_splits) {
   r.o = fattn_test_xmalloc(r.no * sizeof *r.o);
   r.lse64 = fattn_test_xmalloc(r.nl * sizeof *r.lse64);
   uint16_t *qb = enc(l->q_dtype, q, r.nl * l->head_dim);
-  fattn__ref_opts a = {p_dtype, ignore_splits, NULL, NULL};
-  fattn__ref_opts b = {p_dtype, ignore_splits, r.o, r.lse64};
+  fattn__ref_opts a = {.p_dtype = p_dtype, .ignore_splits = ignore_splits};
+  fattn__ref_opts b = {.p_dtype = p_dtype, .ignore_splits = ignore_splits, .out_f64 = r.o, .lse_f64 = r.lse64};
   fattn__ref_attend(f->l, f->s, qb, r.out, r.lse, p_dtype || ignore_splits ? &a : NULL);
   fattn__ref_attend(f->l, f->s, qb, NULL, NULL, &b);
   free(qb);

@@ -324,7 +324,108 @@ START_TEST(split_merge_equals_one_pass) {
 }
 END_TEST
 
+/* What the GPU suites compare against: O and LSE in double with exact P, the workspace's
+ * partials, and O in q_dtype with P rounded to q_dtype. */
+typedef struct both {
+  double *o, *lse;
+  uint16_t *rounded;
+  float *split_o, *split_lse;
+  size_t no, nl, nw;
+} both;
+
+/* one_call: one call with out_rounded (and room for cap scores); else a call with P rounded,
+ * then an exact one, so that the workspace ends with the exact partials either way. */
+static both both_run(fx *f, const uint16_t *qb, int one_call, double *scores, uint32_t cap) {
+  const fattn__layer_params *l = &f->l;
+  both b = {0};
+  b.nl = (size_t)f->h.num_q_tokens * l->num_q_heads;
+  b.no = b.nl * l->head_dim_v;
+  b.nw = f->s.split_o ? (size_t)f->h.split_rows_cap * l->num_q_heads : 0;
+  b.o = fattn_test_xmalloc(b.no * sizeof *b.o);
+  b.lse = fattn_test_xmalloc(b.nl * sizeof *b.lse);
+  b.rounded = fattn_test_xmalloc(b.no * sizeof *b.rounded);
+  b.split_o = fattn_test_xmalloc(b.nw * l->head_dim_v * sizeof *b.split_o + 1);
+  b.split_lse = fattn_test_xmalloc(b.nw * sizeof *b.split_lse + 1);
+  fattn__ref_opts ex = {.out_f64 = b.o, .lse_f64 = b.lse, .scores = scores, .scores_cap = cap};
+  if (one_call) {
+    ex.out_rounded = b.rounded;
+  } else {
+    fattn__ref_opts rounded = {.p_dtype = l->q_dtype};
+    fattn__ref_attend(f->l, f->s, qb, b.rounded, NULL, &rounded);
+  }
+  fattn__ref_attend(f->l, f->s, qb, NULL, NULL, &ex);
+  if (b.nw) {
+    memcpy(b.split_o, f->s.split_o, b.nw * l->head_dim_v * sizeof *b.split_o);
+    memcpy(b.split_lse, f->s.split_lse, b.nw * sizeof *b.split_lse);
+  }
+  return b;
+}
+
+static void both_free(both *b) {
+  free(b->o), free(b->lse), free(b->rounded), free(b->split_o), free(b->split_lse);
+}
+
+/* The step's one call (with no room, too little, and enough for the longest range) writes the
+ * bytes of two calls, and its rounded O differs from the exact O in q_dtype somewhere. */
+static void expect_both_in_one(fx *f, const float *q, uint32_t longest) {
+  const fattn__layer_params *l = &f->l;
+  uint16_t *qb = enc(l->q_dtype, q, (size_t)f->h.num_q_tokens * l->num_q_heads * l->head_dim);
+  double *scores = fattn_test_xmalloc(longest * sizeof *scores);
+  both two = both_run(f, qb, 0, NULL, 0);
+  const uint32_t caps[3] = {0, longest / 2, longest};
+  for (int i = 0; i < 3; i++) {
+    both one = both_run(f, qb, 1, caps[i] ? scores : NULL, caps[i]);
+    ck_assert_mem_eq(one.o, two.o, two.no * sizeof *two.o);
+    ck_assert_mem_eq(one.lse, two.lse, two.nl * sizeof *two.lse);
+    ck_assert_mem_eq(one.rounded, two.rounded, two.no * sizeof *two.rounded);
+    ck_assert_mem_eq(one.split_o, two.split_o, two.nw * l->head_dim_v * sizeof *two.split_o);
+    ck_assert_mem_eq(one.split_lse, two.split_lse, two.nw * sizeof *two.split_lse);
+    both_free(&one);
+  }
+  size_t differ = 0;
+  for (size_t i = 0; i < two.no; i++) differ += two.rounded[i] != bits16(l->q_dtype, (float)two.o[i]);
+  ck_assert_uint_gt(differ, 0);
+  both_free(&two);
+  free(scores), free(qb);
+}
+
+START_TEST(rounded_run_rides_along) {
+  ref_seed = 11;
+  fx f;
+  fx_init(&f, (shape){.qh = 4, .kvh = 2, .d = 128, .ps = 16, .len = 3072, .q_dtype = FATTN_DTYPE_FP16});
+  f.h.max_splits = 8;
+  f.h.split_rows_cap = 64;
+  f.h.target_ctas = 64;
+  float *k = rnd(3000 * 256), *v = rnd(3000 * 256), *q = rnd(6 * 4 * 128);
+  float sinks[4] = {-2, 0, 1, 4};
+  fx_fill(&f, 0, 0, 3000, k, v);
+  fx_fill(&f, 1, 0, 1100, k, v);
+  f.l.sinks = sinks;
+  f.l.softcap = 30.0f;
+  fx_add(&f, 0, 3, 3000, 0); /* rows over more slots than the stack keeps */
+  fx_plan(&f, FATTN_MODE_PREFILL);
+  expect_both_in_one(&f, q, 3000);
+  f.h.num_entries = 0;
+  fx_add(&f, 0, 1, 3000, 0);
+  fx_add(&f, 1, 1, 1100, 0);
+  fx_plan(&f, FATTN_MODE_DECODE);
+  ck_assert_uint_gt(f.e[0].num_splits, 1);
+  expect_both_in_one(&f, q, 3000);
+  f.h.num_entries = 0;
+  f.h.max_splits = 1; /* a tree row in one pass */
+  fattn__entry *e = fx_add(&f, 1, 6, 1100, 0);
+  fx_plan(&f, FATTN_MODE_TARGET_VERIFY);
+  ck_assert_uint_eq(e->num_splits, 1);
+  e->mask_row = 0;
+  const uint64_t tree[6] = {0x1, 0x3, 0x5, 0xb, 0x15, 0x20};
+  memcpy(f.mask, tree, sizeof tree);
+  expect_both_in_one(&f, q, 1100);
+  free(k), free(v), free(q);
+  fx_free(&f);
+}
+END_TEST
+
 FATTN_SUITE("ref", FATTN_TEST_CPU, single_key_gives_v, equal_scores_give_mean,
             window_zero_sees_itself, softcap_bounds_scores, sinks_join_denominator,
             fp8_store_round_trip, tree_mask_chain_equals_causal, draft_decode_shares_prefix,
-            decode_equals_prefill_last_row, split_merge_equals_one_pass)
+            decode_equals_prefill_last_row, split_merge_equals_one_pass, rounded_run_rides_along)

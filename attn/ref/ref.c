@@ -77,6 +77,8 @@ typedef struct fattn__ref_row {
   const fattn__step_params *s;
   const fattn__entry *e;
   uint32_t t, hq, kvh, p_dtype;
+  double *scores; /* the caller's room for scores past the stack's (opts->scores) */
+  uint32_t scores_cap;
   double q[FATTN__REF_MAX_DIM];
 } fattn__ref_row;
 
@@ -105,45 +107,56 @@ static double fattn__ref_score(const fattn__ref_row *r, uint32_t j) {
   return x;
 }
 
-/* acc [head_dim_v] += w * V_j. MLA has no V pool: V is the first head_dim_v dims of the K
- * row, stored (and so dequantised) with k_scale. */
-static void fattn__ref_add_v(const fattn__ref_row *r, uint32_t j, double w, double *acc) {
+/* acc [head_dim_v] += w * V_j, and acc2 += w2 * V_j where acc2 is non-NULL. MLA has no V
+ * pool: V is the first head_dim_v dims of the K row, stored (and so dequantised) with k_scale. */
+static void fattn__ref_add_v(const fattn__ref_row *r, uint32_t j, double w, double *acc, double w2,
+                             double *acc2) {
   const fattn__layer_params *l = r->l;
   const void *pool = l->mla ? l->k_pool : l->v_pool;
   uint32_t stride = l->mla ? l->head_dim : l->head_dim_v;
   float scale = l->mla ? l->k_scale : l->v_scale;
   // V pool: [pages, page_size, kv_heads, head_dim_v]
   size_t base = (fattn__ref_slot(l, r->e->seq, j) * l->num_kv_heads + r->kvh) * stride;
-  for (uint32_t c = 0; c < l->head_dim_v; c++)
-    acc[c] += w * fattn__ref_get(l->kv_dtype, pool, base + c, scale);
+  for (uint32_t c = 0; c < l->head_dim_v; c++) {
+    const double v = fattn__ref_get(l->kv_dtype, pool, base + c, scale);
+    acc[c] += w * v;
+    if (acc2) acc2[c] += w2 * v;
+  }
 }
 
 /* Softmax over the visible slots of [lo, hi) alone: o [head_dim_v] normalised; returns the
  * LSE, or -INFINITY with o = 0 when no slot is visible. P is taken against this pass's max
- * so that a rounded P (p_dtype) holds the values a kernel's P does; the sum stays exact. The
- * max pass keeps up to FATTN__REF_KEPT scores on the stack for the sum pass, which otherwise
- * computes them again (the same doubles either way). */
+ * so that a rounded P (p_dtype) holds the values a kernel's P does; the sum stays exact, so
+ * o_rounded (NULL: none), with P rounded to q_dtype, shares the pass. The max pass keeps up
+ * to FATTN__REF_KEPT scores on the stack, or the caller's room, for the sum pass, which
+ * otherwise computes them again (the same doubles either way). */
 #define FATTN__REF_KEPT 2048u
-static double fattn__ref_pass(const fattn__ref_row *r, uint32_t lo, uint32_t hi, double *o) {
-  double m = -INFINITY, sum = 0.0, kept[FATTN__REF_KEPT];
-  const int keep = hi - lo <= FATTN__REF_KEPT;
+static double fattn__ref_pass(const fattn__ref_row *r, uint32_t lo, uint32_t hi, double *o, double *o_rounded) {
+  double m = -INFINITY, sum = 0.0, stack[FATTN__REF_KEPT];
+  double *kept = hi - lo <= FATTN__REF_KEPT ? stack : hi - lo <= r->scores_cap ? r->scores : NULL;
+  const uint32_t q_dtype = r->l->q_dtype;
   uint32_t seen = 0;
   for (uint32_t c = 0; c < r->l->head_dim_v; c++) o[c] = 0.0;
+  if (o_rounded)
+    for (uint32_t c = 0; c < r->l->head_dim_v; c++) o_rounded[c] = 0.0;
   for (uint32_t j = lo; j < hi; j++)
     if (fattn__ref_sees(r, j)) {
       const double x = fattn__ref_score(r, j);
-      if (keep) kept[j - lo] = x;
+      if (kept) kept[j - lo] = x;
       m = fmax(m, x);
       seen++;
     }
   if (seen == 0) return -INFINITY;
   for (uint32_t j = lo; j < hi; j++) {
     if (!fattn__ref_sees(r, j)) continue;
-    double p = exp((keep ? kept[j - lo] : fattn__ref_score(r, j)) - m);
+    double p = exp((kept ? kept[j - lo] : fattn__ref_score(r, j)) - m);
     sum += p;
-    fattn__ref_add_v(r, j, r->p_dtype ? fattn__ref_round(r->p_dtype, p) : p, o);
+    fattn__ref_add_v(r, j, r->p_dtype ? fattn__ref_round(r->p_dtype, p) : p, o,
+                     o_rounded ? fattn__ref_round(q_dtype, p) : 0.0, o_rounded);
   }
   for (uint32_t c = 0; c < r->l->head_dim_v; c++) o[c] /= sum;
+  if (o_rounded)
+    for (uint32_t c = 0; c < r->l->head_dim_v; c++) o_rounded[c] /= sum;
   return m + log(sum);
 }
 
@@ -174,7 +187,7 @@ static void fattn__ref_split(const fattn__ref_row *r) {
   for (uint32_t sp = 0; sp < e->num_splits; sp++) {
     uint32_t lo = sp * e->split_len;
     uint32_t hi = e->kv_len - lo < e->split_len ? e->kv_len : lo + e->split_len;
-    double lse = fattn__ref_pass(r, lo, hi, o);
+    double lse = fattn__ref_pass(r, lo, hi, o, NULL);
     size_t at = fattn__ref_split_at(r, sp);
     r->s->split_lse[at] = (float)lse;
     for (uint32_t c = 0; c < r->l->head_dim_v; c++)
@@ -199,27 +212,38 @@ static double fattn__ref_merge(const fattn__ref_row *r, double sink, double *o) 
   return lse;
 }
 
-/* O [head_dim_v] and LSE of one row, sink included. */
-static double fattn__ref_solve(const fattn__ref_row *r, int split, double *o) {
+/* O [head_dim_v] and LSE of one row, sink included, and o_rounded (NULL: none) with P rounded
+ * to q_dtype (r->p_dtype is then 0). Split rows run their splits once for each, the rounded
+ * first, so that the workspace ends holding o's partials. */
+static double fattn__ref_solve(fattn__ref_row *r, int split, double *o, double *o_rounded) {
   double sink = r->l->sinks ? (double)r->l->sinks[r->hq] : -INFINITY;
   if (split) {
+    if (o_rounded) {
+      r->p_dtype = r->l->q_dtype;
+      fattn__ref_split(r);
+      fattn__ref_merge(r, sink, o_rounded);
+      r->p_dtype = 0;
+    }
     fattn__ref_split(r);
     return fattn__ref_merge(r, sink, o);
   }
-  double part = fattn__ref_pass(r, 0, r->e->kv_len, o);
+  double part = fattn__ref_pass(r, 0, r->e->kv_len, o, o_rounded);
   double lse = fattn__ref_logaddexp(part, sink);
   double w = fattn__ref_weight(part, lse);
   for (uint32_t c = 0; c < r->l->head_dim_v; c++) o[c] *= w;
+  if (o_rounded)
+    for (uint32_t c = 0; c < r->l->head_dim_v; c++) o_rounded[c] *= w;
   return lse;
 }
 
-/* Writes row `row` (token * q_heads + hq) of O and LSE where opts asks for them. */
-static void fattn__ref_emit(const fattn__layer_params *l, size_t row, const double *o,
+/* Writes row `row` (token * q_heads + hq) of O, the rounded O and LSE where opts asks for them. */
+static void fattn__ref_emit(const fattn__layer_params *l, size_t row, const double *o, const double *o_rounded,
                             double lse_v, void *out, float *lse, const fattn__ref_opts *opts) {
   for (uint32_t c = 0; c < l->head_dim_v; c++) {
     size_t i = row * l->head_dim_v + c;
     if (opts->out_f64) opts->out_f64[i] = o[c];
     else fattn__ref_put(l->q_dtype, out, i, (float)o[c], 1.0f);
+    if (o_rounded) fattn__ref_put(l->q_dtype, opts->out_rounded, i, (float)o_rounded[c], 1.0f);
   }
   if (lse) lse[row] = (float)lse_v;
   if (opts->lse_f64) opts->lse_f64[row] = lse_v;
@@ -227,23 +251,25 @@ static void fattn__ref_emit(const fattn__layer_params *l, size_t row, const doub
 
 void fattn__ref_attend(fattn__layer_params l, fattn__step_params s, const void *q, void *out,
                        float *lse, const fattn__ref_opts *opts) {
-  static const fattn__ref_opts exact = {0, 0, NULL, NULL};
+  static const fattn__ref_opts exact = {0, 0, NULL, NULL, NULL, NULL, 0};
   if (!opts) opts = &exact;
   assert(l.head_dim <= FATTN__REF_MAX_DIM && l.head_dim_v <= FATTN__REF_MAX_DIM);
+  assert(!opts->out_rounded || opts->p_dtype == 0u);
   uint32_t group = l.num_q_heads / l.num_kv_heads;
   for (uint32_t i = 0; i < s.hdr->num_entries; i++) {
     const fattn__entry *e = &s.entries[i];
     int split = e->num_splits > 1u && !opts->ignore_splits;
     for (uint32_t t = 0; t < e->q_len; t++) {
       for (uint32_t hq = 0; hq < l.num_q_heads; hq++) {
-        fattn__ref_row r = {&l, &s, e, t, hq, hq / group, opts->p_dtype, {0}};
+        fattn__ref_row r = {&l, &s, e, t, hq, hq / group, opts->p_dtype, opts->scores, opts->scores_cap, {0}};
         size_t row = (size_t)(e->q_start + t) * l.num_q_heads + hq;
         // Q: [q_tokens, q_heads, head_dim]
         for (uint32_t c = 0; c < l.head_dim; c++)
           r.q[c] = fattn__ref_get(l.q_dtype, q, row * l.head_dim + c, 1.0f);
-        double o[FATTN__REF_MAX_DIM];
-        double lse_v = fattn__ref_solve(&r, split, o);
-        fattn__ref_emit(&l, row, o, lse_v, out, lse, opts);
+        double o[FATTN__REF_MAX_DIM], o_rounded[FATTN__REF_MAX_DIM];
+        double *orr = opts->out_rounded ? o_rounded : NULL;
+        double lse_v = fattn__ref_solve(&r, split, o, orr);
+        fattn__ref_emit(&l, row, o, orr, lse_v, out, lse, opts);
       }
     }
   }
