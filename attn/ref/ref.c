@@ -251,7 +251,7 @@ static void fattn__ref_emit(const fattn__layer_params *l, size_t row, const doub
 
 void fattn__ref_attend(fattn__layer_params l, fattn__step_params s, const void *q, void *out,
                        float *lse, const fattn__ref_opts *opts) {
-  static const fattn__ref_opts exact = {0, 0, NULL, NULL, NULL, NULL, 0};
+  static const fattn__ref_opts exact = {0};
   if (!opts) opts = &exact;
   assert(l.head_dim <= FATTN__REF_MAX_DIM && l.head_dim_v <= FATTN__REF_MAX_DIM);
   assert(!opts->out_rounded || opts->p_dtype == 0u);
@@ -267,9 +267,9 @@ void fattn__ref_attend(fattn__layer_params l, fattn__step_params s, const void *
         for (uint32_t c = 0; c < l.head_dim; c++)
           r.q[c] = fattn__ref_get(l.q_dtype, q, row * l.head_dim + c, 1.0f);
         double o[FATTN__REF_MAX_DIM], o_rounded[FATTN__REF_MAX_DIM];
-        double *orr = opts->out_rounded ? o_rounded : NULL;
-        double lse_v = fattn__ref_solve(&r, split, o, orr);
-        fattn__ref_emit(&l, row, o, orr, lse_v, out, lse, opts);
+        double *rounded = opts->out_rounded ? o_rounded : NULL;
+        double lse_v = fattn__ref_solve(&r, split, o, rounded);
+        fattn__ref_emit(&l, row, o, rounded, lse_v, out, lse, opts);
       }
     }
   }
