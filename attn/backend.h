@@ -23,6 +23,8 @@ typedef struct fattn__ref_opts {
   double *scores;      /* non-NULL: room for scores_cap scores, so that a row's pass over more
                           slots than the stack keeps computes each score once (same results) */
   uint32_t scores_cap;
+  uint32_t head_lo, head_hi; /* q heads [head_lo, head_hi) only (head_hi 0: every head), so that
+                                threads can share a step whose entries are few */
 } fattn__ref_opts;
 
 /* K/V rows [new_tokens, kv_heads, d] (q_dtype) into their page slots (kv_dtype; fp8 is

@@ -4,18 +4,17 @@
  * (the query-tiled groups; decode and store_kv stay here). */
 #include <cuda_runtime_api.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "attn/backend.h"
 #include "lib/dtype.h"
 #include "lib/internal.h"
 #include "tests/support.h"
 #include "tests/support_gpu.h"
+#include "tests/support_oracle.h"
 
 #define CK(x)                                                                            \
   do {                                                                                   \
@@ -74,104 +73,6 @@ typedef struct cfg {
   uint32_t long_len; /* longest KV (decode) or query (prefill) length drawn */
   uint64_t budget;   /* reference work per case: sum over entries of q_len * kv_len * q_heads */
 } cfg;
-
-/* ------------------------------------------------------------ reference, threaded */
-
-typedef struct ref_job {
-  fattn__layer_params l;
-  fattn__step_params s;
-  fattn__step_hdr h;
-  const void *q;
-  double *o64, *lse64;
-  void *olp;
-} ref_job;
-
-/* One pass gives both runs, with room for the longest range's scores so that each is computed
- * once. */
-static void *ref_thread(void *arg) {
-  ref_job *j = arg;
-  uint32_t cap = 1;
-  for (uint32_t i = 0; i < j->h.num_entries; i++)
-    if (j->s.entries[i].kv_len > cap) cap = j->s.entries[i].kv_len;
-  double *scores = fattn_test_xmalloc(cap * sizeof *scores);
-  fattn__ref_opts both = {.out_f64 = j->o64, .lse_f64 = j->lse64, .out_rounded = j->olp, .scores = scores,
-                          .scores_cap = cap};
-  fattn__ref_attend(j->l, j->s, j->q, NULL, NULL, &both);
-  free(scores);
-  return NULL;
-}
-
-/* Entries cut into pieces of at most REF_PIECE queries where that leaves the result unchanged
- * (no splits, no tree): a causal piece ends its KV at its last query. Small pieces keep every
- * thread busy where one entry holds most of the work (a cross entry of 300 queries over 4224
- * slots, drawn first and so past the budget, kept 5 threads of 16 busy for 43-54 s). Caller
- * frees. */
-enum { REF_PIECE = 16 };
-static int ref_cuts(const fattn__entry *e) {
-  return e->num_splits <= 1 && e->mask_row == UINT32_MAX && e->q_len > REF_PIECE;
-}
-static fattn__entry *ref_pieces(const fattn__step_hdr *h, const fattn__entry *e, uint32_t *n) {
-  uint32_t cnt = 0;
-  for (uint32_t i = 0; i < h->num_entries; i++) cnt += ref_cuts(&e[i]) ? (e[i].q_len + REF_PIECE - 1) / REF_PIECE : 1;
-  fattn__entry *p = fattn_test_xmalloc(cnt * sizeof *p);
-  uint32_t k = 0;
-  for (uint32_t i = 0; i < h->num_entries; i++) {
-    if (!ref_cuts(&e[i])) { p[k++] = e[i]; continue; }
-    for (uint32_t t0 = 0; t0 < e[i].q_len; t0 += REF_PIECE) {
-      uint32_t t1 = t0 + REF_PIECE < e[i].q_len ? t0 + REF_PIECE : e[i].q_len;
-      p[k] = e[i];
-      p[k].q_len = t1 - t0;
-      p[k].q_start = e[i].q_start + t0;
-      if (h->causal) p[k].kv_len = e[i].kv_len - (e[i].q_len - t1);
-      k++;
-    }
-  }
-  *n = cnt;
-  return p;
-}
-
-/* Both reference runs (exact, and P rounded to q_dtype), entries spread over threads. */
-static void ref_both(fattn__layer_params l, fattn__step_params s, const fattn__step_hdr *h0,
-                     const fattn__entry *e0, const void *q, double *o64, double *lse64, void *olp) {
-  fattn__step_hdr hh = *h0;
-  fattn__entry *e = ref_pieces(h0, e0, &hh.num_entries);
-  const fattn__step_hdr *h = &hh;
-  long nt = sysconf(_SC_NPROCESSORS_ONLN);
-  if (nt < 1) nt = 1;
-  if (nt > 64) nt = 64;
-  double total = 0, *cost = fattn_test_xmalloc(h->num_entries * sizeof *cost);
-  for (uint32_t i = 0; i < h->num_entries; i++) {
-    cost[i] = (double)e[i].q_len * (e[i].kv_len + 16.0);
-    total += cost[i];
-  }
-  ref_job jobs[64];
-  pthread_t th[64];
-  int nj = 0;
-  uint32_t i = 0;
-  for (long t = 0; t < nt && i < h->num_entries; t++) {
-    uint32_t start = i;
-    double acc = 0, share = total / (double)(nt - t);
-    while (i < h->num_entries && (acc < share || i == start)) { acc += cost[i]; i++; }
-    if (t == nt - 1) i = h->num_entries;
-    total -= acc;
-    ref_job *j = &jobs[nj];
-    j->l = l;
-    j->s = s;
-    j->h = *h;
-    j->h.num_entries = i - start;
-    j->s.hdr = &j->h;
-    j->s.entries = e + start;
-    j->q = q;
-    j->o64 = o64;
-    j->lse64 = lse64;
-    j->olp = olp;
-    ck_assert_int_eq(pthread_create(&th[nj], NULL, ref_thread, j), 0);
-    nj++;
-  }
-  for (int t = 0; t < nj; t++) pthread_join(th[t], NULL);
-  free(cost);
-  free(e);
-}
 
 /* ------------------------------------------------------------------- one case */
 
@@ -446,7 +347,7 @@ static double run_case(const cfg *c, int route, int *ok) {
   hs.mask = mask;
   hs.split_o = hso;
   hs.split_lse = hsl;
-  ref_both(hl, hs, &h, e, hq, o64, l64, hlp);
+  fattn_test_oracle(hl, hs, hq, o64, l64, hlp, 0);
 
   double err = 0, lerr = 0, lse_err = 0;
   size_t nans = fattn_test_count_nan(hout, on, c->qt) + (c->lse ? fattn_test_count_nan(hlse, ln, 0) : 0);

@@ -255,12 +255,13 @@ void fattn__ref_attend(fattn__layer_params l, fattn__step_params s, const void *
   if (!opts) opts = &exact;
   assert(l.head_dim <= FATTN__REF_MAX_DIM && l.head_dim_v <= FATTN__REF_MAX_DIM);
   assert(!opts->out_rounded || opts->p_dtype == 0u);
-  uint32_t group = l.num_q_heads / l.num_kv_heads;
+  const uint32_t group = l.num_q_heads / l.num_kv_heads, head_hi = opts->head_hi ? opts->head_hi : l.num_q_heads;
+  assert(opts->head_lo <= head_hi && head_hi <= l.num_q_heads);
   for (uint32_t i = 0; i < s.hdr->num_entries; i++) {
     const fattn__entry *e = &s.entries[i];
     int split = e->num_splits > 1u && !opts->ignore_splits;
     for (uint32_t t = 0; t < e->q_len; t++) {
-      for (uint32_t hq = 0; hq < l.num_q_heads; hq++) {
+      for (uint32_t hq = opts->head_lo; hq < head_hi; hq++) {
         fattn__ref_row r = {&l, &s, e, t, hq, hq / group, opts->p_dtype, opts->scores, opts->scores_cap, {0}};
         size_t row = (size_t)(e->q_start + t) * l.num_q_heads + hq;
         // Q: [q_tokens, q_heads, head_dim]

@@ -1,0 +1,104 @@
+/* test_oracle.c: the GPU suites' oracle (tests/support_oracle.c), rows shared over threads by q
+ * heads and entry pieces, against one single-threaded reference call, byte for byte. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/support_oracle.h"
+#include "tests/support_ref.h"
+
+/* Over 1 to 64 threads, the oracle writes the bytes of one call with both outputs. */
+static void expect_oracle(fx *f, const float *q) {
+  const fattn__layer_params *l = &f->l;
+  const size_t nl = (size_t)f->h.num_q_tokens * l->num_q_heads, no = nl * l->head_dim_v;
+  uint16_t *qb = enc(l->q_dtype, q, nl * l->head_dim);
+  double *o = fattn_test_xmalloc(no * sizeof *o), *lse = fattn_test_xmalloc(nl * sizeof *lse);
+  uint16_t *rounded = fattn_test_xmalloc(no * sizeof *rounded);
+  fattn__ref_opts one = {.out_f64 = o, .lse_f64 = lse, .out_rounded = rounded};
+  fattn__ref_attend(f->l, f->s, qb, NULL, NULL, &one);
+  static const unsigned threads[5] = {1, 3, 7, 16, 64};
+  for (int i = 0; i < 5; i++) {
+    double *o2 = fattn_test_xmalloc(no * sizeof *o2), *lse2 = fattn_test_xmalloc(nl * sizeof *lse2);
+    uint16_t *rounded2 = fattn_test_xmalloc(no * sizeof *rounded2);
+    memset(o2, 0xff, no * sizeof *o2), memset(lse2, 0xff, nl * sizeof *lse2);
+    memset(rounded2, 0xff, no * sizeof *rounded2);
+    fattn_test_oracle(f->l, f->s, qb, o2, lse2, rounded2, threads[i]);
+    ck_assert_mem_eq(o2, o, no * sizeof *o);
+    ck_assert_mem_eq(lse2, lse, nl * sizeof *lse);
+    ck_assert_mem_eq(rounded2, rounded, no * sizeof *rounded);
+    free(o2), free(lse2), free(rounded2);
+  }
+  free(o), free(lse), free(rounded), free(qb);
+}
+
+/* Causal entries cut into 16-query pieces (one over more slots than the stack keeps), and
+ * entries of one query or a few, with sinks and a window. */
+START_TEST(prefill_in_pieces) {
+  ref_seed = 21;
+  fx f;
+  fx_init(&f, (shape){.qh = 8, .kvh = 2, .d = 64, .ps = 16, .len = 2200, .q_dtype = FATTN_DTYPE_FP16});
+  float *k = rnd(2200 * 2 * 64), *v = rnd(2200 * 2 * 64), *q = rnd(64 * 8 * 64);
+  float sinks[8] = {-1, 0, 2, -3, 1, 0.5f, -0.5f, 3};
+  const uint32_t q_len[4] = {40, 17, 5, 1}, kv_len[4] = {40, 300, 2100, 9};
+  for (uint32_t i = 0; i < 4; i++) {
+    fx_fill(&f, i, 0, kv_len[i], k, v);
+    fx_add(&f, i, q_len[i], kv_len[i], 0);
+  }
+  f.l.sinks = sinks;
+  fx_plan(&f, FATTN_MODE_PREFILL);
+  expect_oracle(&f, q);
+  f.l.window = 25;
+  expect_oracle(&f, q);
+  free(k), free(v), free(q);
+  fx_free(&f);
+}
+END_TEST
+
+/* Cross attention: pieces keep every slot. */
+START_TEST(cross_in_pieces) {
+  ref_seed = 22;
+  fx f;
+  fx_init(&f, (shape){.qh = 4, .kvh = 4, .d = 96, .ps = 64, .len = 400});
+  float *k = rnd(400 * 4 * 96), *v = rnd(400 * 4 * 96), *q = rnd(60 * 4 * 96);
+  fx_fill(&f, 0, 0, 400, k, v);
+  fx_fill(&f, 1, 0, 33, k, v);
+  fx_add(&f, 0, 37, 400, 0);
+  fx_add(&f, 1, 23, 33, 0);
+  fx_plan(&f, FATTN_MODE_CROSS);
+  expect_oracle(&f, q);
+  free(k), free(v), free(q);
+  fx_free(&f);
+}
+END_TEST
+
+/* Entries that are not cut: split decode rows (through the workspace) and tree rows. */
+START_TEST(splits_and_trees_whole) {
+  ref_seed = 23;
+  fx f;
+  fx_init(&f, (shape){.qh = 32, .kvh = 1, .d = 128, .ps = 16, .len = 3072});
+  f.h.max_splits = 8;
+  f.h.split_rows_cap = 64;
+  f.h.target_ctas = 64;
+  float *k = rnd(3000 * 128), *v = rnd(3000 * 128), *q = rnd(8 * 32 * 128);
+  fx_fill(&f, 0, 0, 3000, k, v);
+  fx_fill(&f, 1, 0, 1100, k, v);
+  fx_add(&f, 0, 1, 3000, 0);
+  fx_add(&f, 1, 1, 1100, 0);
+  fx_plan(&f, FATTN_MODE_DECODE);
+  ck_assert_uint_gt(f.e[0].num_splits, 1);
+  expect_oracle(&f, q);
+  f.h.num_entries = 0;
+  f.h.max_splits = 1;
+  fattn__entry *e = fx_add(&f, 1, 6, 1100, 0);
+  fx_plan(&f, FATTN_MODE_TARGET_VERIFY);
+  e->mask_row = 0;
+  const uint64_t tree[6] = {0x1, 0x3, 0x5, 0xb, 0x15, 0x20};
+  memcpy(f.mask, tree, sizeof tree);
+  expect_oracle(&f, q);
+  free(k), free(v), free(q);
+  fx_free(&f);
+}
+END_TEST
+
+FATTN_SUITE("oracle", FATTN_TEST_CPU, prefill_in_pieces, cross_in_pieces, splits_and_trees_whole)
