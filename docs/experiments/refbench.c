@@ -16,7 +16,11 @@
 #include <time.h>
 #include <check.h>
 #include "tests/support_ref.h"
-static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec + t.tv_nsec * 1e-9;
+}
 static uint32_t kv, ql;
 static int same;
 START_TEST(bench) {
@@ -29,8 +33,9 @@ START_TEST(bench) {
   fx_plan(&f, FATTN_MODE_PREFILL);
   size_t nl = (size_t)ql * 32, no = nl * 128;
   uint16_t *qb = enc(f.l.q_dtype, q, nl * 128);
-  double *o1 = malloc(no * 8), *l1 = malloc(nl * 8), *o2 = malloc(no * 8), *l2 = malloc(nl * 8), *sc = malloc(kv * 8);
-  uint16_t *r1 = malloc(no * 2), *r2 = malloc(no * 2);
+  double *o1 = fattn_test_xmalloc(no * 8), *l1 = fattn_test_xmalloc(nl * 8), *o2 = fattn_test_xmalloc(no * 8),
+         *l2 = fattn_test_xmalloc(nl * 8), *sc = fattn_test_xmalloc(kv * 8);
+  uint16_t *r1 = fattn_test_xmalloc(no * 2), *r2 = fattn_test_xmalloc(no * 2);
   double t0 = now();
   fattn__ref_opts ex = {.out_f64 = o1, .lse_f64 = l1}, lp = {.p_dtype = f.l.q_dtype};
   fattn__ref_attend(f.l, f.s, qb, NULL, NULL, &ex);
@@ -42,11 +47,25 @@ START_TEST(bench) {
   same = !memcmp(o1, o2, no * 8) && !memcmp(l1, l2, nl * 8) && !memcmp(r1, r2, no * 2);
   printf("kv %u, %u queries x 32 heads: two calls %.2f s, one call %.2f s (%.2fx), bytes %s\n", kv, ql, t1 - t0, t2 - t1,
          (t2 - t1) / (t1 - t0), same ? "equal" : "DIFFER");
+  free(o1), free(l1), free(o2), free(l2), free(sc), free(r1), free(r2), free(qb), free(k), free(v), free(q);
+  fx_free(&f);
 }
 END_TEST
+/* The fixture's helpers assert through Check, so the timing runs as a case of its own. */
 int main(int argc, char **argv) {
+  if (argc != 3) {
+    fprintf(stderr, "usage: refbench KV_SLOTS QUERIES\n");
+    return 2;
+  }
   kv = (uint32_t)atoi(argv[1]), ql = (uint32_t)atoi(argv[2]);
-  Suite *su = suite_create("rb"); TCase *tc = tcase_create("rb"); tcase_set_timeout(tc, 0); tcase_add_test(tc, bench); suite_add_tcase(su, tc);
-  SRunner *sr = srunner_create(su); srunner_set_fork_status(sr, CK_NOFORK); srunner_run_all(sr, CK_SILENT); srunner_free(sr);
+  Suite *su = suite_create("refbench");
+  TCase *tc = tcase_create("refbench");
+  tcase_set_timeout(tc, 0);
+  tcase_add_test(tc, bench);
+  suite_add_tcase(su, tc);
+  SRunner *sr = srunner_create(su);
+  srunner_set_fork_status(sr, CK_NOFORK);
+  srunner_run_all(sr, CK_SILENT);
+  srunner_free(sr);
   return !same;
 }
