@@ -183,6 +183,38 @@ res fx_run(fx *f, const float *q, uint32_t p_dtype, uint32_t ignore_splits) {
   return r;
 }
 
+/* one_call: one call with out_rounded (and room for cap scores); else a call with P rounded,
+ * then an exact one, so that the workspace ends with the exact partials either way. */
+both both_run(fx *f, const uint16_t *qb, int one_call, double *scores, uint32_t cap) {
+  const fattn__layer_params *l = &f->l;
+  both b = {0};
+  b.nl = (size_t)f->h.num_q_tokens * l->num_q_heads;
+  b.no = b.nl * l->head_dim_v;
+  b.nw = f->s.split_o ? (size_t)f->h.split_rows_cap * l->num_q_heads : 0;
+  b.o = fattn_test_xmalloc(b.no * sizeof *b.o);
+  b.lse = fattn_test_xmalloc(b.nl * sizeof *b.lse);
+  b.rounded = fattn_test_xmalloc(b.no * sizeof *b.rounded);
+  b.split_o = fattn_test_xmalloc(b.nw * l->head_dim_v * sizeof *b.split_o + 1);
+  b.split_lse = fattn_test_xmalloc(b.nw * sizeof *b.split_lse + 1);
+  fattn__ref_opts ex = {.out_f64 = b.o, .lse_f64 = b.lse, .scores = scores, .scores_cap = cap};
+  if (one_call) {
+    ex.out_rounded = b.rounded;
+  } else {
+    fattn__ref_opts rounded = {.p_dtype = l->q_dtype};
+    fattn__ref_attend(f->l, f->s, qb, b.rounded, NULL, &rounded);
+  }
+  fattn__ref_attend(f->l, f->s, qb, NULL, NULL, &ex);
+  if (b.nw) {
+    memcpy(b.split_o, f->s.split_o, b.nw * l->head_dim_v * sizeof *b.split_o);
+    memcpy(b.split_lse, f->s.split_lse, b.nw * sizeof *b.split_lse);
+  }
+  return b;
+}
+
+void both_free(both *b) {
+  free(b->o), free(b->lse), free(b->rounded), free(b->split_o), free(b->split_lse);
+}
+
 /* ----------------------------------------------------------- dense oracle */
 
 int vis_all(const fx *f, const fattn__entry *e, uint32_t t, uint32_t j) {

@@ -64,6 +64,18 @@ void fx_plan(fx *f, uint32_t mode);
 void fx_store(fx *f, const float *k, const float *v);
 res fx_run(fx *f, const float *q, uint32_t p_dtype, uint32_t ignore_splits);
 
+/* What the GPU suites compare against: O and LSE in double with exact P, the workspace's
+ * partials, and O in q_dtype with P rounded to q_dtype. */
+typedef struct both {
+  double *o, *lse;
+  uint16_t *rounded;
+  float *split_o, *split_lse;
+  size_t no, nl, nw;
+} both;
+
+both both_run(fx *f, const uint16_t *qb, int one_call, double *scores, uint32_t cap);
+void both_free(both *b);
+
 /* ----------------------------------------------------------- dense oracle */
 
 typedef int (*vis_fn)(const fx *f, const fattn__entry *e, uint32_t t, uint32_t j);

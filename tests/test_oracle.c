@@ -11,25 +11,22 @@
 /* Over 1 to 64 threads, the oracle writes the bytes of one call with both outputs. */
 static void expect_oracle(fx *f, const float *q) {
   const fattn__layer_params *l = &f->l;
-  const size_t nl = (size_t)f->h.num_q_tokens * l->num_q_heads, no = nl * l->head_dim_v;
-  uint16_t *qb = enc(l->q_dtype, q, nl * l->head_dim);
-  double *o = fattn_test_xmalloc(no * sizeof *o), *lse = fattn_test_xmalloc(nl * sizeof *lse);
-  uint16_t *rounded = fattn_test_xmalloc(no * sizeof *rounded);
-  fattn__ref_opts one = {.out_f64 = o, .lse_f64 = lse, .out_rounded = rounded};
-  fattn__ref_attend(f->l, f->s, qb, NULL, NULL, &one);
+  uint16_t *qb = enc(l->q_dtype, q, (size_t)f->h.num_q_tokens * l->num_q_heads * l->head_dim);
+  both one = both_run(f, qb, 1, NULL, 0);
   static const unsigned threads[5] = {1, 3, 7, 16, 64};
   for (int i = 0; i < 5; i++) {
-    double *o2 = fattn_test_xmalloc(no * sizeof *o2), *lse2 = fattn_test_xmalloc(nl * sizeof *lse2);
-    uint16_t *rounded2 = fattn_test_xmalloc(no * sizeof *rounded2);
-    memset(o2, 0xff, no * sizeof *o2), memset(lse2, 0xff, nl * sizeof *lse2);
-    memset(rounded2, 0xff, no * sizeof *rounded2);
-    fattn_test_oracle(f->l, f->s, qb, o2, lse2, rounded2, threads[i]);
-    ck_assert_mem_eq(o2, o, no * sizeof *o);
-    ck_assert_mem_eq(lse2, lse, nl * sizeof *lse);
-    ck_assert_mem_eq(rounded2, rounded, no * sizeof *rounded);
-    free(o2), free(lse2), free(rounded2);
+    double *o = fattn_test_xmalloc(one.no * sizeof *o), *lse = fattn_test_xmalloc(one.nl * sizeof *lse);
+    uint16_t *rounded = fattn_test_xmalloc(one.no * sizeof *rounded);
+    memset(o, 0xff, one.no * sizeof *o), memset(lse, 0xff, one.nl * sizeof *lse);
+    memset(rounded, 0xff, one.no * sizeof *rounded);
+    fattn_test_oracle(f->l, f->s, qb, o, lse, rounded, threads[i]);
+    ck_assert_mem_eq(o, one.o, one.no * sizeof *o);
+    ck_assert_mem_eq(lse, one.lse, one.nl * sizeof *lse);
+    ck_assert_mem_eq(rounded, one.rounded, one.no * sizeof *rounded);
+    free(o), free(lse), free(rounded);
   }
-  free(o), free(lse), free(rounded), free(qb);
+  both_free(&one);
+  free(qb);
 }
 
 /* Causal entries cut into 16-query pieces (one over more slots than the stack keeps), and

@@ -136,9 +136,10 @@ static double fattn__ref_pass(const fattn__ref_row *r, uint32_t lo, uint32_t hi,
   double *kept = hi - lo <= FATTN__REF_KEPT ? stack : hi - lo <= r->scores_cap ? r->scores : NULL;
   const uint32_t q_dtype = r->l->q_dtype;
   uint32_t seen = 0;
-  for (uint32_t c = 0; c < r->l->head_dim_v; c++) o[c] = 0.0;
-  if (o_rounded)
-    for (uint32_t c = 0; c < r->l->head_dim_v; c++) o_rounded[c] = 0.0;
+  for (uint32_t c = 0; c < r->l->head_dim_v; c++) {
+    o[c] = 0.0;
+    if (o_rounded) o_rounded[c] = 0.0;
+  }
   for (uint32_t j = lo; j < hi; j++)
     if (fattn__ref_sees(r, j)) {
       const double x = fattn__ref_score(r, j);
@@ -154,9 +155,10 @@ static double fattn__ref_pass(const fattn__ref_row *r, uint32_t lo, uint32_t hi,
     fattn__ref_add_v(r, j, r->p_dtype ? fattn__ref_round(r->p_dtype, p) : p, o,
                      o_rounded ? fattn__ref_round(q_dtype, p) : 0.0, o_rounded);
   }
-  for (uint32_t c = 0; c < r->l->head_dim_v; c++) o[c] /= sum;
-  if (o_rounded)
-    for (uint32_t c = 0; c < r->l->head_dim_v; c++) o_rounded[c] /= sum;
+  for (uint32_t c = 0; c < r->l->head_dim_v; c++) {
+    o[c] /= sum;
+    if (o_rounded) o_rounded[c] /= sum;
+  }
   return m + log(sum);
 }
 
@@ -230,9 +232,10 @@ static double fattn__ref_solve(fattn__ref_row *r, int split, double *o, double *
   double part = fattn__ref_pass(r, 0, r->e->kv_len, o, o_rounded);
   double lse = fattn__ref_logaddexp(part, sink);
   double w = fattn__ref_weight(part, lse);
-  for (uint32_t c = 0; c < r->l->head_dim_v; c++) o[c] *= w;
-  if (o_rounded)
-    for (uint32_t c = 0; c < r->l->head_dim_v; c++) o_rounded[c] *= w;
+  for (uint32_t c = 0; c < r->l->head_dim_v; c++) {
+    o[c] *= w;
+    if (o_rounded) o_rounded[c] *= w;
+  }
   return lse;
 }
 
