@@ -22,7 +22,7 @@ static fattn__entry *oracle_pieces(const fattn__step_hdr *h, const fattn__entry 
   uint32_t cnt = 0;
   for (uint32_t i = 0; i < h->num_entries; i++)
     cnt += oracle_cuts(&e[i]) ? (e[i].q_len + ORACLE_PIECE - 1) / ORACLE_PIECE : 1;
-  fattn__entry *p = fattn_test_xmalloc(cnt * sizeof *p + 1);
+  fattn__entry *p = fattn_test_xmalloc(cnt * sizeof *p);
   uint32_t k = 0;
   for (uint32_t i = 0; i < h->num_entries; i++) {
     if (!oracle_cuts(&e[i])) { p[k++] = e[i]; continue; }
@@ -64,7 +64,7 @@ void fattn_test_oracle(fattn__layer_params l, fattn__step_params s, const void *
    * entries, by cost, share what each head range has. */
   const uint32_t parts = (uint32_t)nt < l.num_q_heads ? (uint32_t)nt : l.num_q_heads;
   const long shares = nt / (long)parts;
-  double total = 0, *cost = fattn_test_xmalloc(h.num_entries * sizeof *cost + 1);
+  double total = 0, *cost = fattn_test_xmalloc(h.num_entries * sizeof *cost);
   for (uint32_t i = 0; i < h.num_entries; i++) {
     cost[i] = (double)e[i].q_len * (e[i].kv_len + 16.0);
     total += cost[i];

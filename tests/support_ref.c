@@ -158,6 +158,17 @@ void fx_plan(fx *f, uint32_t mode) {
   }
 }
 
+fattn__entry *fx_tree_verify(fx *f, uint32_t seq, uint32_t kv_len) {
+  static const uint64_t tree[6] = {0x1, 0x3, 0x5, 0xb, 0x15, 0x20};
+  f->h.num_entries = 0;
+  f->h.max_splits = 1;
+  fattn__entry *e = fx_add(f, seq, 6, kv_len, 0);
+  fx_plan(f, FATTN_MODE_TARGET_VERIFY);
+  e->mask_row = 0;
+  memcpy(f->mask, tree, sizeof tree);
+  return e;
+}
+
 void fx_store(fx *f, const float *k, const float *v) { fx_store_step(f, f->s, k, v); }
 
 /* Attends q [q_tokens, qh, d] twice: to q_dtype O and float LSE (opts NULL where it can be),
@@ -194,8 +205,8 @@ both both_run(fx *f, const uint16_t *qb, int one_call, double *scores, uint32_t 
   b.o = fattn_test_xmalloc(b.no * sizeof *b.o);
   b.lse = fattn_test_xmalloc(b.nl * sizeof *b.lse);
   b.rounded = fattn_test_xmalloc(b.no * sizeof *b.rounded);
-  b.split_o = fattn_test_xmalloc(b.nw * l->head_dim_v * sizeof *b.split_o + 1);
-  b.split_lse = fattn_test_xmalloc(b.nw * sizeof *b.split_lse + 1);
+  b.split_o = fattn_test_xmalloc(b.nw * l->head_dim_v * sizeof *b.split_o);
+  b.split_lse = fattn_test_xmalloc(b.nw * sizeof *b.split_lse);
   fattn__ref_opts ex = {.out_f64 = b.o, .lse_f64 = b.lse, .scores = scores, .scores_cap = cap};
   if (one_call) {
     ex.out_rounded = b.rounded;

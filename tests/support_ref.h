@@ -61,6 +61,9 @@ void fx_store_step(fx *f, fattn__step_params s, const float *k, const float *v);
 void fx_fill(fx *f, uint32_t seq, uint32_t lo, uint32_t n, const float *k, const float *v);
 fattn__entry *fx_add(fx *f, uint32_t seq, uint32_t q_len, uint32_t kv_len, uint32_t new_len);
 void fx_plan(fx *f, uint32_t mode);
+/* The step becomes one TARGET_VERIFY entry of sequence seq: 6 draft tokens over kv_len slots,
+ * masked by a branching tree, with max_splits 1. Returns the entry. */
+fattn__entry *fx_tree_verify(fx *f, uint32_t seq, uint32_t kv_len);
 void fx_store(fx *f, const float *k, const float *v);
 res fx_run(fx *f, const float *q, uint32_t p_dtype, uint32_t ignore_splits);
 

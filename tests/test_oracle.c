@@ -85,13 +85,7 @@ START_TEST(splits_and_trees_whole) {
   fx_plan(&f, FATTN_MODE_DECODE);
   ck_assert_uint_gt(f.e[0].num_splits, 1);
   expect_oracle(&f, q);
-  f.h.num_entries = 0;
-  f.h.max_splits = 1;
-  fattn__entry *e = fx_add(&f, 1, 6, 1100, 0);
-  fx_plan(&f, FATTN_MODE_TARGET_VERIFY);
-  e->mask_row = 0;
-  const uint64_t tree[6] = {0x1, 0x3, 0x5, 0xb, 0x15, 0x20};
-  memcpy(f.mask, tree, sizeof tree);
+  fx_tree_verify(&f, 1, 1100);
   expect_oracle(&f, q);
   free(k), free(v), free(q);
   fx_free(&f);
