@@ -1,6 +1,6 @@
-/* refbench.c: the reference's time, two calls (exact P, then P rounded to q_dtype) against one
- * call with out_rounded and room for the scores, on one causal prefill entry (docs/perf.md,
- * session 32). Not built by the Makefile; after `make all`, from the repository root:
+/* refbench.c: the reference's time, two calls (P rounded to q_dtype, then exact P) against one
+ * call with out_rounded and room for the scores (tests/support_ref.c's both_run), on one causal
+ * prefill entry (docs/perf.md, session 32). Not built by the Makefile; after `make all`, from the repository root:
  *   gcc -std=c11 -O2 -I. -Ilib -I/usr/local/cuda/include -o /tmp/refbench docs/experiments/refbench.c \
  *     build/obj/tests/support_ref.o build/obj/tests/support.o build/libfattn.a \
  *     $(for f in malloc calloc realloc free posix_memalign aligned_alloc cudaMalloc cudaFree cudaHostAlloc \
@@ -31,23 +31,19 @@ START_TEST(bench) {
   fx_fill(&f, 0, 0, kv, k, v);
   fx_add(&f, 0, ql, kv, 0);
   fx_plan(&f, FATTN_MODE_PREFILL);
-  size_t nl = (size_t)ql * 32, no = nl * 128;
-  uint16_t *qb = enc(f.l.q_dtype, q, nl * 128);
-  double *o1 = fattn_test_xmalloc(no * 8), *l1 = fattn_test_xmalloc(nl * 8), *o2 = fattn_test_xmalloc(no * 8),
-         *l2 = fattn_test_xmalloc(nl * 8), *sc = fattn_test_xmalloc(kv * 8);
-  uint16_t *r1 = fattn_test_xmalloc(no * 2), *r2 = fattn_test_xmalloc(no * 2);
+  uint16_t *qb = enc(f.l.q_dtype, q, (size_t)ql * 32 * 128);
+  double *sc = fattn_test_xmalloc(kv * sizeof *sc);
   double t0 = now();
-  fattn__ref_opts ex = {.out_f64 = o1, .lse_f64 = l1}, lp = {.p_dtype = f.l.q_dtype};
-  fattn__ref_attend(f.l, f.s, qb, NULL, NULL, &ex);
-  fattn__ref_attend(f.l, f.s, qb, r1, NULL, &lp);
+  both two = both_run(&f, qb, 0, NULL, 0);
   double t1 = now();
-  fattn__ref_opts both = {.out_f64 = o2, .lse_f64 = l2, .out_rounded = r2, .scores = sc, .scores_cap = kv};
-  fattn__ref_attend(f.l, f.s, qb, NULL, NULL, &both);
+  both one = both_run(&f, qb, 1, sc, kv);
   double t2 = now();
-  same = !memcmp(o1, o2, no * 8) && !memcmp(l1, l2, nl * 8) && !memcmp(r1, r2, no * 2);
+  same = !memcmp(one.o, two.o, two.no * sizeof *two.o) && !memcmp(one.lse, two.lse, two.nl * sizeof *two.lse) &&
+         !memcmp(one.rounded, two.rounded, two.no * sizeof *two.rounded);
   printf("kv %u, %u queries x 32 heads: two calls %.2f s, one call %.2f s (%.2fx), bytes %s\n", kv, ql, t1 - t0, t2 - t1,
          (t2 - t1) / (t1 - t0), same ? "equal" : "DIFFER");
-  free(o1), free(l1), free(o2), free(l2), free(sc), free(r1), free(r2), free(qb), free(k), free(v), free(q);
+  both_free(&one), both_free(&two);
+  free(sc), free(qb), free(k), free(v), free(q);
   fx_free(&f);
 }
 END_TEST
