@@ -1,6 +1,7 @@
 /* refbench.c: the reference's time, two calls (P rounded to q_dtype, then exact P) against one
- * call with out_rounded and room for the scores (tests/support_ref.c's both_run), on one causal
- * prefill entry (docs/perf.md, session 32). Not built by the Makefile; after `make all`, from the repository root:
+ * call with out_rounded and room for the scores (tests/support_ref.c's both_run), on one
+ * causal prefill entry (docs/perf.md, session 32). Not built by the Makefile; after `make all`,
+ * from the repository root:
  *   gcc -std=c11 -O2 -I. -Ilib -I/usr/local/cuda/include -o /tmp/refbench docs/experiments/refbench.c \
  *     build/obj/tests/support_ref.o build/obj/tests/support.o build/libfattn.a \
  *     $(for f in malloc calloc realloc free posix_memalign aligned_alloc cudaMalloc cudaFree cudaHostAlloc \
