@@ -267,7 +267,10 @@ typedef struct fattn_batch {
  * CPU backend. Pointers to q, k, v, out, lse are device pointers (host on the CPU backend).
  * The calls run on the calling thread's current CUDA device, which must be the context's.
  * One process drives one device: kernel attributes and device facts (SM count, PDL) are
- * cached per process, so contexts on two devices in one process are not supported yet. */
+ * cached per process, so contexts on two devices in one process are not supported yet.
+ * A context's steps (each fattn_plan or fattn_graph_launch with the calls after it) share
+ * its metadata areas, so they must run on the device in the order they were made: issue
+ * them on one stream, or order the streams yourself (cudaStreamWaitEvent). */
 
 /* Validates the batch, ships page-table changes and step metadata; no sync, no allocation.
  * A rejected batch leaves every state unchanged. */
