@@ -331,16 +331,19 @@ static uint64_t used_bytes(const fattn_ctx *ctx, const uint8_t *slot) {
   return h->num_page_copies ? ctx->lay.slot_off_row_ops : ctx->lay.slot_off_updates;
 }
 
-/* A graph's mailbox is free once the prep that read it has stored its slot's completion word
- * (slots are reused only after that, so the word never passes a pending box's seq). */
+/* A post is free once the prep that read it has stored its slot's completion word (slots are
+ * reused only after that, so the word never passes a pending post's seq). Only the post of
+ * FATTN__MAILBOX_POSTS launches ago is overwritten: the replay before may still be queued. */
 static fattn_status post_box(fattn_ctx *ctx, fattn__mailbox *box, const uint8_t *slot, uint32_t index,
                              void *stream) {
   fattn_status st;
-  if (box->seq && (st = wait_done(ctx, box->index, box->seq, stream))) return st;
-  box->hdr = *(const fattn__step_hdr *)slot;
-  box->index = index;
-  box->num_words = staged_words(ctx, slot);
-  box->seq = ctx->ring_taken;
+  fattn__post *p = &box->post[box->posted % FATTN__MAILBOX_POSTS];
+  if (p->seq && (st = wait_done(ctx, p->index, p->seq, stream))) return st;
+  p->hdr = *(const fattn__step_hdr *)slot;
+  p->index = index;
+  p->num_words = staged_words(ctx, slot);
+  p->seq = ctx->ring_taken;
+  box->posted++;
   return FATTN_OK;
 }
 

@@ -25,14 +25,14 @@ typedef struct prep_args {
   unsigned long long *done;   // the slot's completion word (device address of pinned memory)
   unsigned long long seq;
   // A graph's prep: slot, header, words, done and seq come from the mailbox at replay.
-  const fattn__mailbox *box;  // NULL for an eager prep
+  fattn__mailbox *box;        // NULL for an eager prep; the prep counts its read there
   const uint8_t *ring;        // [staging_slots][slot_bytes], device address
   uint64_t slot_bytes;
   unsigned long long *done_base; // [staging_slots]
 } prep_args;
 
 enum { PREP_THREADS = 1024, PREP_WARPS = PREP_THREADS / 32 };
-static_assert(sizeof(fattn__mailbox) % 16 == 0, "a mailbox is read as 16-byte words");
+static_assert(sizeof(fattn__mailbox) % 16 == 0 && sizeof(fattn__post) % 16 == 0, "a mailbox is read as 16-byte words");
 
 /* Exclusive block-wide prefix sums of four counters; totals in tot. All threads call it. */
 __device__ void block_scan4(const unsigned long long v[4], unsigned long long ex[4], unsigned long long tot[4]) {
@@ -99,11 +99,14 @@ __global__ void __launch_bounds__(PREP_THREADS) prep_kernel(prep_args a) {
     if (tid < sizeof(fattn__mailbox) / 16) s_box[tid] = __ldcv((const uint4 *)a.box + tid);
     __syncthreads();
     const fattn__mailbox *m = (const fattn__mailbox *)s_box;
-    a.hdr = m->hdr;
-    a.slot = a.ring + (uint64_t)m->index * a.slot_bytes;
-    a.done = a.done_base + m->index;
-    a.seq = m->seq;
-    a.num_words = m->num_words;
+    const fattn__post *p = &m->post[m->read % FATTN__MAILBOX_POSTS];
+    a.hdr = p->hdr;
+    a.slot = a.ring + (uint64_t)p->index * a.slot_bytes;
+    a.done = a.done_base + p->index;
+    a.seq = p->seq;
+    a.num_words = p->num_words;
+    /* The next replay's prep reads it after this kernel ends (replays of a bucket are ordered). */
+    if (tid == 0) a.box->read = m->read + 1;
   }
   const fattn__step_hdr h = a.hdr;
   const uint32_t n = h.num_entries, nu = h.num_pt_updates, nf = h.num_row_fills;
@@ -276,7 +279,7 @@ static prep_args args_for(fattn_ctx *ctx, const fattn__plan_target *t) {
 
 extern "C" int fattn__prep_launch_boxed(fattn_ctx *ctx, const fattn__plan_target *t, void *stream) {
   prep_args a = args_for(ctx, t);
-  a.box = (const fattn__mailbox *)fattn__pinned_dev(ctx, t->box);
+  a.box = (fattn__mailbox *)fattn__pinned_dev(ctx, t->box);
   a.ring = (const uint8_t *)fattn__pinned_dev(ctx, ctx->ring);
   a.slot_bytes = ctx->lay.slot_bytes;
   a.done_base = (unsigned long long *)fattn__pinned_dev(ctx, ctx->done);

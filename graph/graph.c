@@ -135,8 +135,9 @@ fattn_status fattn_graph_launch(fattn_ctx *ctx, const fattn_batch *batch, void *
   fattn_status st = fattn__graph_for(ctx, batch, &exec, &t);
   if (st || (st = fattn__plan_into(ctx, batch, stream, &t))) return st;
   cudaError_t e = cudaGraphLaunch((cudaGraphExec_t)exec, (cudaStream_t)stream);
-  if (e != cudaSuccess) { /* no prep node will read the posted slot: free it here */
-    fattn__slot_release(ctx, t.box->index, t.box->seq);
+  if (e != cudaSuccess) { /* no prep node will read the post: free its slot and take it back */
+    const fattn__post *p = &t.box->post[--t.box->posted % FATTN__MAILBOX_POSTS];
+    fattn__slot_release(ctx, p->index, p->seq);
     return fattn__fail(ctx, FATTN_ERR_CUDA, "fattn_graph_launch: %s", cudaGetErrorString(e));
   }
   return FATTN_OK;

@@ -120,13 +120,26 @@ typedef struct fattn__step {
 
 typedef struct fattn__heap fattn__heap;
 
-/* A graph bucket's mailbox (pinned): its prep node, captured once, finds here which staging
- * slot this replay reads, so that a replay costs the host one launch, not two. */
-typedef struct fattn__mailbox {
+/* What one launch of a graph posts for its prep node: the staging slot its replay reads. */
+typedef struct fattn__post {
   fattn__step_hdr hdr; /* the slot's header, read once over the bus with the rest */
   uint64_t seq;        /* the slot's use number + 1: stored in its completion word */
   uint32_t index;      /* the staging slot */
   uint32_t num_words;  /* page-table payload words in the slot */
+} fattn__post;
+
+/* Posts a bucket holds at once: the host may post launch n + 1 while launch n's replay has not
+ * started, and waits only before overwriting the post of launch n + 1 - POSTS. */
+#define FATTN__MAILBOX_POSTS 2
+
+/* A graph bucket's mailbox (pinned): its prep node, captured once, finds here which staging
+ * slot this replay reads, so that a replay costs the host one launch, not two. Launch n posts
+ * into post[n % POSTS]; replays of one bucket run in launch order (a context's steps are
+ * ordered), so the prep of launch n finds n in read. */
+typedef struct fattn__mailbox {
+  fattn__post post[FATTN__MAILBOX_POSTS];
+  uint64_t read;   /* device: posts its prep nodes have read */
+  uint64_t posted; /* host: posts written; a failed launch takes its post back */
 } fattn__mailbox;
 
 /* A captured graph of one (mode, bucket) and the static metadata area it reads. */
