@@ -22,6 +22,10 @@ double fattn_bench_now(void);                 /* monotonic seconds */
 /* Median of n samples (sorts them in place); 0 when n is 0. */
 double fattn_bench_median(double *v, size_t n);
 int fattn_bench_has_gpu(void);
+/* A GPU context's KV budget: want, or 90% of device 0's free memory where that is less (an
+ * 80 GB H100 holds under the 80 GiB of the Llama-3.1-8B plan); the rest covers the other
+ * regions (tens of MiB at that shape) and the CUDA context. */
+uint64_t fattn_bench_kv_budget(uint64_t want);
 void fattn_bench_print_plan(const fattn_memory_report *r, FILE *out);
 /* fattn_graph_launch's two halves timed apart, in microseconds: the plan into the batch's
  * bucket, then cudaGraphLaunch of its graph (the bucket lookup before them untimed). The

@@ -32,6 +32,16 @@ int fattn_bench_has_gpu(void) {
   return n > 0;
 }
 
+uint64_t fattn_bench_kv_budget(uint64_t want) {
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+    cudaGetLastError();
+    return want; /* fattn_create then says why it cannot allocate */
+  }
+  const uint64_t room = (uint64_t)free_bytes / 10u * 9u;
+  return want < room ? want : room;
+}
+
 void fattn_bench_print_plan(const fattn_memory_report *r, FILE *out) {
   uint64_t total = r->device_bytes + r->pinned_bytes;
   fprintf(out, "%-16s %18s %8s\n", "region", "bytes", "share");

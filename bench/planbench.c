@@ -219,7 +219,7 @@ int fattn_bench_plan(int argc, char **argv) {
   fattn_model model;
   int gpu = fattn_bench_has_gpu();
   fattn_shape_llama8b(&cfg, &model, gpu ? 0 : FATTN_DEVICE_CPU);
-  cfg.kv_budget_bytes = gpu ? 80ull << 30 : 4ull << 30;
+  cfg.kv_budget_bytes = gpu ? fattn_bench_kv_budget(80ull << 30) : 4ull << 30;
   if (!gpu) model.num_layers = 1; /* host memory; plan time does not depend on the layer count */
   cfg.max_seq_len = 8192;
   cfg.spec_topk = 4;

@@ -129,6 +129,12 @@ int fattn_bench_run(int argc, char **argv) {
     cfg.kv_budget_bytes = 8ull << 30; /* host memory of a small machine; the plan above is the GPU's */
     cfg.max_seq_len = 32768;
     printf("\nNo CUDA device: running on the CPU backend with an 8 GiB KV budget, max_seq_len 32768.\n");
+  } else {
+    const uint64_t planned = cfg.kv_budget_bytes;
+    cfg.kv_budget_bytes = fattn_bench_kv_budget(planned);
+    if (cfg.kv_budget_bytes < planned)
+      printf("\nThe device has less free memory than the plan: the scheduler runs with %.1f GiB of KV.\n",
+             (double)cfg.kv_budget_bytes / (1ull << 30));
   }
   sim s;
   memset(&s, 0, sizeof s);
