@@ -10,7 +10,7 @@ import statistics
 import sys
 
 LAYERS = 32
-LAYER_GRIDS = [1, 256, 8, 16]  # bs 1, context 512: store, decode kernel, combine, the bench's mix
+LAYER_GRIDS = [1, 256, 32, 16]  # bs 1, context 512: store, decode kernel, the WIDE combine (a block a row), the bench's mix
 GRAPH_SPAN_US = 420  # eager bs 1 steps take the host's issue time, well above this
 
 
