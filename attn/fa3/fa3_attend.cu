@@ -22,7 +22,7 @@ extern "C" int fattn__fa3_supports(const fattn__layer_params *l) { return fattn_
 
 extern "C" int fattn__fa3_encode_maps(const fattn__layer_params *l, void *maps) {
   /* fp8 KV is gathered and widened by the producer: no maps. */
-  if (!fattn__fa3_supports(l) || l->kv_dtype == 3u || l->page_size < FA3__TMA_MIN_PAGE)
+  if (!fattn__fa3_supports(l) || l->kv_dtype == FATTN_DTYPE_FP8_E4M3 || l->page_size < FA3__TMA_MIN_PAGE)
     return (int)cudaErrorNotSupported;
   static PFN_cuTensorMapEncodeTiled_v12000 encode; /* driver entry point, looked up once */
   if (!encode) {
@@ -35,8 +35,10 @@ extern "C" int fattn__fa3_encode_maps(const fattn__layer_params *l, void *maps) 
   }
   /* [slots, kv_heads, d] with slots = pages * page_size; a box is 64 dims x 1 head x one page
    * of a tile (the part of a box past d, at d 96, is filled with zeros). V alike with d_v. */
-  const cuuint32_t box[3] = {64u, 1u, (cuuint32_t)FA3__BOX(l->head_dim, l->page_size)}, unit[3] = {1u, 1u, 1u};
-  const CUtensorMapDataType dt = l->q_dtype == 1u ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const uint32_t bn = fa3__tile_slots(l->head_dim, l->head_dim_v);
+  const cuuint32_t box[3] = {64u, 1u, (cuuint32_t)(l->page_size < bn ? l->page_size : bn)}, unit[3] = {1u, 1u, 1u};
+  const CUtensorMapDataType dt =
+      l->q_dtype == FATTN_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   CUtensorMap *m = (CUtensorMap *)maps;
   void *pools[2] = {l->k_pool, l->v_pool};
   const uint32_t dim[2] = {l->head_dim, l->head_dim_v};

@@ -1,8 +1,10 @@
 # peers.py: times peer attention (PyTorch SDPA's cuDNN and FlashAttention-2 backends,
-# FlexAttention) on the shapes of `fattn-bench decode` / `prefill`, on the GPU machine only.
+# FlexAttention, and FlashAttention-3 / -4 where their wheels are installed) on the shapes of
+# `fattn-bench decode` / `prefill`, on the GPU machine only.
 # Usage: python3 bench/peers/peers.py [decode|prefill|all] [--timing gpu|host]  (reads build/*.csv
-# for ratios). Timing as fattn-bench's: gpu (default) queues each timed call behind a ~200 us
-# spin (torch.cuda._sleep), so that the events time the GPU's work and not PyTorch's host path;
+# for ratios); `peers.py one cudnn|fa2|FA3|FA4 D SEQ CAUSAL` runs one prefill shape (for ncu).
+# Timing as fattn-bench's: gpu (default) queues each timed call behind a ~200 us spin
+# (torch.cuda._sleep), so that the events time the GPU's work and not PyTorch's host path;
 # host times it from an idle GPU.
 import csv
 import os
@@ -21,6 +23,15 @@ except Exception:  # flex attention is optional
     FLEX = None
 
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "fa2": SDPBackend.FLASH_ATTENTION}
+try:  # fa3-fwd: FlashAttention-3's Hopper forward kernels ([bs, seq, heads, d] tensors)
+    from fa3_fwd_interface import flash_attn_func as FA3_FUNC
+except Exception:
+    FA3_FUNC = None
+try:  # flash-attn-4: FlashAttention-4's CuTe kernels, SM90 path
+    from flash_attn.cute.interface import flash_attn_func as FA4_FUNC
+except Exception:
+    FA4_FUNC = None
+
 HOST_TIMING = "--timing" in sys.argv and sys.argv[sys.argv.index("--timing") + 1:][:1] == ["host"]
 HOLD_CYCLES = 400_000  # ~200 us at the H200's clock: longer than PyTorch's host path of a call
 
@@ -55,6 +66,14 @@ def flex(q, k, v, causal):
     if causal:
         mask = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, q.shape[2], k.shape[2])
     return lambda: FLEX(q, k, v, block_mask=mask, enable_gqa=k.shape[1] != q.shape[1])
+
+
+def flash(func, q, k, v, causal):
+    """A FlashAttention-3 / -4 call on [bs, seq, heads, d] views of SDPA's [bs, heads, seq, d]."""
+    if func is None:
+        return None
+    qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+    return lambda: func(qt, kt, vt, causal=causal)
 
 
 def try_time(fn):
@@ -109,7 +128,8 @@ def prefill():
     gemm = 2 * 8192**3 / (median_ms(lambda: a @ b) / 1e3) / 1e12
     del a, b
     print(f"prefill, FA3 paper setup (16k tokens, hidden 2048), bf16, TFLOP/s; cuBLAS bf16 GEMM 8192^3: {gemm:.0f}")
-    print(f"{'d':>4} {'seq':>6} {'causal':>6} {'cudnn':>8} {'fa2':>8} {'flex':>8} {'our fa2':>8} {'our fa3':>8} {'fa3/cudnn':>9} {'fa3/gemm':>8}")
+    print(f"{'d':>4} {'seq':>6} {'causal':>6} {'cudnn':>8} {'fa2':>8} {'FA3':>8} {'FA4':>8} {'our fa2':>8} {'our fa3':>8} "
+          f"{'/best':>6} {'/gemm':>6}")
     for d in (64, 128, 256):
         for seq in (512, 1024, 2048, 4096, 8192, 16384):
             bs, h = 16384 // seq, 2048 // d
@@ -118,20 +138,38 @@ def prefill():
             for causal in (True, False):
                 flops = 4 * bs * h * seq * seq * d / (2 if causal else 1)
                 t = {n: try_time(sdpa(n, q, k, v, causal)) for n in BACKENDS}
-                # each shape compiles: FlexAttention on d 128 at 2k and 8k only
-                t["flex"] = try_time(flex(q, k, v, causal)) if d == 128 and seq in (2048, 8192) else None
+                t["FA3"] = try_time(flash(FA3_FUNC, q, k, v, causal))
+                t["FA4"] = try_time(flash(FA4_FUNC, q, k, v, causal))
                 rate = {n: (flops / (ms / 1e3) / 1e12 if ms else None) for n, ms in t.items()}
                 key = ("causal" if causal else "noncausal", bs, seq, d, "bf16", 128)
                 f = float(ours[key]["tflops"]) if key in ours else None
                 f3 = float(ours3[key]["tflops"]) if key in ours3 else None
-                ratio = f"{f3 / rate['cudnn']:9.2f}" if f3 and rate["cudnn"] else "      n/a"
-                frac = f"{f3 / gemm:8.2f}" if f3 else "     n/a"
-                print(f"{d:4} {seq:6} {str(causal):>6} {fmt(rate['cudnn'])} {fmt(rate['fa2'])} {fmt(rate['flex'])} {fmt(f)} {fmt(f3)} {ratio} {frac}")
+                best = max((rate[n] for n in ("cudnn", "FA3", "FA4") if rate[n]), default=None)
+                ratio = f"{f3 / best:6.2f}" if f3 and best else "   n/a"
+                frac = f"{f3 / gemm:6.2f}" if f3 else "   n/a"
+                print(f"{d:4} {seq:6} {str(causal):>6} {fmt(rate['cudnn'])} {fmt(rate['fa2'])} {fmt(rate['FA3'])} "
+                      f"{fmt(rate['FA4'])} {fmt(f)} {fmt(f3)} {ratio} {frac}")
             del q, k, v
             torch.cuda.empty_cache()
 
 
+def one(name, d, seq, causal):
+    """Runs one peer on one prefill shape of the paper setup five times (for ncu)."""
+    bs, h = 16384 // seq, 2048 // d
+    q = torch.randn(bs, h, seq, d, device="cuda", dtype=torch.bfloat16)
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    fn = {"FA3": lambda: flash(FA3_FUNC, q, k, v, causal), "FA4": lambda: flash(FA4_FUNC, q, k, v, causal)}.get(
+        name, lambda: sdpa(name, q, k, v, causal))()
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    print(f"{name} d {d} seq {seq} causal {causal}: {median_ms(fn):.3f} ms")
+
+
 if __name__ == "__main__":
+    if len(sys.argv) == 6 and sys.argv[1] == "one":  # one NAME D SEQ CAUSAL(0|1)
+        one(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1")
+        sys.exit(0)
     what = sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("--") else "all"
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "cudnn", torch.backends.cudnn.version(),
           "host timing" if HOST_TIMING else "GPU timing")

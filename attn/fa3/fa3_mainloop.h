@@ -1,0 +1,195 @@
+/* fa3_mainloop.h: a consumer warpgroup of the Hopper kernels: 64 query rows of each tile, Q
+ * loaded ahead, S = Q K^T and O += P V by wgmma, the softmax of one block under the next GEMMs. */
+#ifndef FATTN_ATTN_FA3_FA3_MAINLOOP_H
+#define FATTN_ATTN_FA3_FA3_MAINLOOP_H
+
+#include "attn/fa3/fa3_epilogue.h"
+#include "attn/fa3/fa3_mask.h"
+#include "attn/fa3/fa3_table.h"
+#include "attn/fa3/wgmma.h"
+
+#ifdef __CUDACC__
+
+/* The mainloop's contract. Consumer c takes every item the scheduler posts and owns rows
+ * R0 + 64 c.. of its tile: it waits for a stage's K (full_k) and frees it (empty_k, one arrive
+ * a warp) once its S GEMM has completed, V likewise after P V. Block blk's S GEMM is issued
+ * with block blk - 1's P V GEMM, so the softmax of S_blk runs under that P V; the two
+ * consumers take turns to issue (FA3__BAR_TURN), so one's softmax runs under the other's
+ * GEMMs. Waits stay out of the issue sequences: a spin loop between wgmma.fence and a wgmma
+ * is a divergent path after which ptxas serialises the wgmmas. */
+template <int DK, int DV, typename T, bool F8>
+__device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__smem<DK, DV, F8> *sm) {
+  using C = fa3__cfg<DK, DV, F8>;
+  using SM = typename C::softmax;
+  constexpr int BN = C::BN, ST = C::ST, CH = DK / 8;
+  const fattn__layer_params &l = a.k.l;
+  const uint32_t d = l.head_dim;
+  const uint32_t tid = threadIdx.x % 128u, warp = tid / 32u, lane = tid % 32u, g = lane / 4u, c4 = lane % 4u;
+  const uint32_t num_tiles = a.k.s.hdr->num_tiles, causal = a.k.s.hdr->causal;
+  const uint32_t work = a.k.s.hdr->num_entries ? num_tiles * l.num_q_heads : 0u;
+  char *qs = sm->q[c];
+  uint32_t it = 0;
+  if (c == 1) fa3__arrive_bar(FA3__BAR_TURN, 256); /* consumer 0 takes the first turn */
+  /* Q rows of this warpgroup for tile t, zeros past the entry and past d, as one cp.async group.
+   * With fp8 KV the MMAs run in fp16, so bf16 Q is narrowed as it loads (exact for |q| in
+   * [2^-14, 65504]). */
+  auto load_q = [&](const fa3__tile &t) {
+    const uint32_t R0 = t.R0 + 64u * (uint32_t)c;
+#pragma unroll 1 /* rolled: it runs beside the last P V GEMM, where registers are short */
+    for (uint32_t ci = tid; ci < 64u * CH; ci += 128u) {
+      const uint32_t r = ci / CH, ch = ci % CH, q = R0 + r;
+      const bool in = q < t.e.q_len && ch * 8u < d;
+      const char *src = (const char *)a.k.q;
+      if (in) src += ((size_t)(t.e.q_start + q) * l.num_q_heads + t.hq) * d * 2u + ch * 16u;
+      char *dst = qs + (ch / 8u) * 8192u + fa3__swz(r, ch % 8u);
+      if (F8 && l.q_dtype == FATTN_DTYPE_BF16) {
+        uint4 w = in ? *(const uint4 *)src : make_uint4(0u, 0u, 0u, 0u);
+        uint32_t *x = &w.x;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+          const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&x[k]);
+          x[k] = fa2__pack<__half>(f.x, f.y);
+        }
+        *(uint4 *)dst = w;
+      } else {
+        fa2__cp16(dst, src, in);
+      }
+    }
+    fa2__commit();
+  };
+  /* Takes the k-th item and starts its Q load, so that the Q round trip of the next tile runs
+   * under the last P V GEMM and the epilogue of this one. The tile is made again where it is
+   * used (its entry then comes from L1): kept in registers across that GEMM and the epilogue,
+   * or passed through shared memory, it made the d 128 kernels spill. */
+  auto take = [&](uint32_t k) -> fa3__item {
+    const fa3__item item = fa3__sched_take(sm, k);
+    if (item.w < work) {
+      fa3__tile t;
+      fa3__tile_of<BN>(a, item.w, item.ei, num_tiles, &t);
+      load_q(t);
+    }
+    return item;
+  };
+  fa3__item item = take(0u);
+  for (uint32_t k = 0; item.w < work; k++) { /* whole tiles: the producer skipped halves */
+    fa3__tile t;
+    fa3__tile_of<BN>(a, item.w, item.ei, num_tiles, &t);
+    fa2__wait<0>();
+    fa3__fence_async();
+    fa3__sync(FA3__BAR_Q + c, 128);
+    const uint32_t R0 = t.R0 + 64u * (uint32_t)c;
+    const bool rows = R0 < t.e.q_len;
+    fa3__mask<BN, DK> mask;
+    mask.init(l, causal, t, a.k.s.mask, R0, warp, g);
+    float o[DV / 2];
+#pragma unroll
+    for (int i = 0; i < DV / 2; i++) o[i] = 0.f;
+    SM sm_rows;
+    sm_rows.init();
+
+    float sc[BN / 2];
+    uint32_t p[BN / 16][4];
+    auto issue_s = [&](uint32_t blk) {
+      const char *kd = sm->kv[(it + blk) % ST];
+      uint64_t qd = fa3__desc(qs, 0u);
+      asm volatile("" : "+l"(qd)); /* else ptxas hoists the DK / 16 Q descriptors and spills them */
+#pragma unroll
+      for (int ks = 0; ks < DK / 16; ks++)
+        fa3__mma_ss<BN, T>(sc, qd + (uint64_t)(((ks / 4) * 8192 + (ks % 4) * 32) >> 4),
+                           fa3__desc(kd + (ks / 4) * C::KV_SLAB + (ks % 4) * 32, 0u), ks > 0);
+      fa3__mma_commit();
+    };
+    auto issue_pv = [&](uint32_t blk) {
+      const char *vd = sm->kv[(it + blk) % ST] + C::K_BYTES;
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; kk++) fa3__mma_rs<DV, T>(o, p[kk], fa3__desc(vd + kk * 2048, C::KV_SLAB));
+      fa3__mma_commit();
+    };
+    /* Scores of block blk masked (softcapped ones taken to log2 units first), then the policy's
+     * step, which scales raw scores inside its exps. */
+    const float sl2 = a.k.sl2, softcap = l.softcap, cap_mul = a.k.cap_scale / l.softcap;
+    auto soft = [&](uint32_t blk, float *alpha) {
+      if (softcap > 0.f) {
+#pragma unroll
+        for (int i = 0; i < BN / 2; i++) sc[i] = softcap * tanhf(sc[i] * cap_mul) * FA2__LOG2E;
+      }
+      mask.apply(sc, l, causal, t, t.kb + blk * BN, c4);
+      sm_rows.step(sc, softcap > 0.f ? 1.f : sl2, alpha);
+    };
+    auto pack_p = [&]() {
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; kk++) {
+#pragma unroll
+        for (int r = 0; r < 4; r++) p[kk][r] = fa2__pack<T>(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
+      }
+    };
+    auto ready = [&](uint64_t *bars, uint32_t blk) {
+      fa3__wait(&bars[(it + blk) % ST], ((it + blk) / ST) & 1u);
+      fa3__fence_async();
+    };
+    auto release = [&](uint64_t *bars, uint32_t blk) {
+      if (lane == 0) fa3__arrive(&bars[(it + blk) % ST]);
+    };
+    const int my_turn = FA3__BAR_TURN + c, their_turn = FA3__BAR_TURN + (c ^ 1);
+    if (t.nblk) {
+      float alpha[2];
+      ready(sm->full_k, 0);
+      fa3__sync(my_turn, 256);
+      fa3__mma_fence();
+      issue_s(0);
+      fa3__arrive_bar(their_turn, 256);
+      fa3__pin<BN / 2>(sc);
+      fa3__mma_wait<0>();
+      fa3__pin<BN / 2>(sc);
+      release(sm->empty_k, 0);
+      soft(0, alpha);
+      pack_p();
+      for (uint32_t blk = 1; blk < t.nblk; blk++) {
+        ready(sm->full_k, blk);
+        ready(sm->full_v, blk - 1);
+        fa3__sync(my_turn, 256);
+        fa3__pin<DV / 2>(o);
+        fa3__mma_fence();
+        issue_s(blk);
+        issue_pv(blk - 1);
+        fa3__arrive_bar(their_turn, 256);
+        fa3__pin<BN / 2>(sc);
+        fa3__mma_wait<1>();
+        fa3__pin<BN / 2>(sc);
+        release(sm->empty_k, blk);
+        soft(blk, alpha);
+        fa3__pin<DV / 2>(o);
+        fa3__mma_wait<0>();
+        fa3__pin<DV / 2>(o);
+        release(sm->empty_v, blk - 1);
+        if (!SM::LAZY || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+          for (int i = 0; i < DV / 8; i++) {
+            o[4 * i] *= alpha[0]; o[4 * i + 1] *= alpha[0];
+            o[4 * i + 2] *= alpha[1]; o[4 * i + 3] *= alpha[1];
+          }
+        }
+        pack_p();
+      }
+      item = take(k + 1u); /* the Q slabs are free: this tile's last S GEMM has completed */
+      ready(sm->full_v, t.nblk - 1);
+      fa3__sync(my_turn, 256);
+      fa3__pin<DV / 2>(o);
+      fa3__mma_fence();
+      issue_pv(t.nblk - 1);
+      fa3__arrive_bar(their_turn, 256);
+      fa3__pin<DV / 2>(o);
+      fa3__mma_wait<0>();
+      fa3__pin<DV / 2>(o);
+      release(sm->empty_v, t.nblk - 1);
+      it += t.nblk;
+    } else {
+      item = take(k + 1u);
+    }
+    if (rows) fa3__store_o<DV, T, F8>(a, t, sm_rows.m, sm_rows.l, o, R0, warp, g, c4);
+  }
+  if (c == 0) fa3__sync(FA3__BAR_TURN, 256); /* consumer 1's last turn handed over */
+}
+
+#endif /* __CUDACC__ */
+#endif /* FATTN_ATTN_FA3_FA3_MAINLOOP_H */

@@ -1,0 +1,133 @@
+/* fa3_produce.h: the producer warpgroup of the Hopper kernels: it runs the scheduler and fills
+ * the K and V stages, by TMA a box a page, by a cp.async gather, or raw fp8 widened to fp16. */
+#ifndef FATTN_ATTN_FA3_FA3_PRODUCE_H
+#define FATTN_ATTN_FA3_FA3_PRODUCE_H
+
+#include "attn/fa3/fa3_sched.h"
+#include "attn/fa3/fa3_table.h"
+
+#ifdef __CUDACC__
+
+/* The producer's contract: for each item the scheduler posts, the stages of its nblk blocks
+ * in ring order; a stage's K is brought once empty_k says the consumers' S GEMMs of the
+ * stage's last block are done and then signalled on full_k, V likewise (empty_v, full_v), with
+ * zeros past the KV range and past d. TMA serves a block that sits inside the sequence, with
+ * 16-bit KV and tensor maps (pages of FA3__TMA_MIN_PAGE slots or more); the rest is gathered
+ * by all 128 threads, a row a thread, so one page-table read a thread a block. */
+template <int DK, int DV, bool F8>
+__device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorMap *tk, const CUtensorMap *tv,
+                                             fa3__smem<DK, DV, F8> *sm) {
+  using C = fa3__cfg<DK, DV, F8>;
+  constexpr int BN = C::BN, ST = C::ST, EB = F8 ? 1 : 2; /* bytes an element as stored */
+  constexpr int CK = DK * EB / 16, CV = DV * EB / 16;     /* 16-byte chunks a row as loaded */
+  const uint32_t tid = threadIdx.x, G = a.k.l.num_q_heads / a.k.l.num_kv_heads;
+  const uint32_t d = a.k.l.head_dim, dv = a.k.l.head_dim_v, nkv = a.k.l.num_kv_heads;
+  const uint32_t psm = (1u << a.k.ps_shift) - 1u, num_tiles = a.k.s.hdr->num_tiles;
+  const uint32_t work = a.k.s.hdr->num_entries ? num_tiles * a.k.l.num_q_heads : 0u;
+  uint32_t it = 0;
+  for (uint32_t k = 0;; k++) {
+    if (tid == 0u) fa3__sched_post(a, sm, k, work, num_tiles);
+    fa3__sync(FA3__BAR_PRODUCER, 128);
+    const uint32_t cur = sm->ring_w[k & 1u]; /* the slot is rewritten two items later, after this barrier's next use */
+    if (cur >= work) break;
+    fa3__tile t;
+    fa3__tile_of<BN>(a, cur, sm->ring_entry[k & 1u], num_tiles, &t);
+    const uint32_t kvh = t.hq / G;
+    const int32_t *pt = a.k.l.page_table + (size_t)t.e.seq * a.k.l.pages_per_seq;
+    for (uint32_t blk = 0; blk < t.nblk; blk++, it++) {
+      const uint32_t s = it % ST, ph = (it / ST) & 1u, j0 = t.kb + blk * BN;
+      char *kd = sm->kv[s], *vd = kd + C::K_BYTES;
+      if (!F8 && a.use_tma && j0 + BN <= t.e.kv_len) {
+        /* Lane i of warp 0 brings page i of the tile (boxes past d, at d 96, arrive as zeros);
+         * the bytes are expected before any box can land. K goes as soon as the S GEMMs of
+         * the stage's last block are done, V once its P V GEMMs are. */
+        const uint32_t pb = min(1u << a.k.ps_shift, (uint32_t)BN), lane = tid % 32u, j = j0 + lane * pb;
+        /* Every producer thread waits, not only the lanes that issue: a parity wait tells only
+         * the last two phases apart, and the gather blocks need all 128 threads in step. */
+        const bool mine = tid < 32u && lane < BN / pb;
+        const int row = mine ? (int)(((uint32_t)pt[j >> a.k.ps_shift] << a.k.ps_shift) + (j & psm)) : 0;
+        fa3__wait(&sm->empty_k[s], ph ^ 1u);
+        if (tid == 0u) fa3__arrive_tx(&sm->full_k[s], C::K_BYTES);
+        __syncwarp();
+        if (mine) {
+#pragma unroll
+          for (int sl = 0; sl < C::SK; sl++)
+            fa3__tma3(kd + sl * C::KV_SLAB + lane * pb * 128u, tk, sl * 64, (int)kvh, row, &sm->full_k[s]);
+        }
+        fa3__wait(&sm->empty_v[s], ph ^ 1u);
+        if (tid == 0u) fa3__arrive_tx(&sm->full_v[s], C::V_BYTES);
+        __syncwarp();
+        if (mine) {
+#pragma unroll
+          for (int sl = 0; sl < C::SV; sl++)
+            fa3__tma3(vd + sl * C::KV_SLAB + lane * pb * 128u, tv, sl * 64, (int)kvh, row, &sm->full_v[s]);
+        }
+        continue;
+      }
+      /* Gather: thread tid keeps row tid % BN; zeros past the range and past d. */
+      const uint32_t r = tid % BN, j = j0 + r;
+      const bool ok = j < t.ke && j < t.e.kv_len;
+      size_t slot = 0;
+      if (ok) slot = (size_t)(((uint32_t)pt[j >> a.k.ps_shift] << a.k.ps_shift) + (j & psm)) * nkv + kvh;
+      const char *ks = (const char *)a.k.l.k_pool + slot * d * EB, *vs = (const char *)a.k.l.v_pool + slot * dv * EB;
+      if constexpr (F8) {
+        fa3__wait(&sm->empty_k[s], ph ^ 1u);
+        fa3__wait(&sm->empty_v[s], ph ^ 1u);
+        char *rk = sm->raw + r * DK, *rv = sm->raw + BN * DK + r * DV;
+#pragma unroll 2
+        for (int c = (int)(tid / BN); c < CK; c += 128 / BN) fa2__cp16(rk + c * 16, ks + c * 16, ok && c * 16u < d);
+#pragma unroll 2
+        for (int c = (int)(tid / BN); c < CV; c += 128 / BN) fa2__cp16(rv + c * 16, vs + c * 16, ok && c * 16u < dv);
+        fa2__commit();
+        fa2__wait<0>();
+        fa3__sync(FA3__BAR_PRODUCER, 128);
+        /* 16 fp8 dims to two fp16 chunks, exact; the scales are folded into sl2 and o_mul. */
+        auto widen = [&](const char *src, int cpr, char *dst) {
+#pragma unroll 1
+          for (int i = (int)tid; i < BN * cpr; i += 128) {
+            const int rr = i / cpr, c = i % cpr;
+            const uint4 w = *(const uint4 *)(src + rr * cpr * 16 + c * 16);
+            const uint32_t x[4] = {w.x, w.y, w.z, w.w};
+            uint32_t h[8];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+              h[2 * k] = fa2__e4m3x2<__half>((uint16_t)(x[k] & 0xffffu));
+              h[2 * k + 1] = fa2__e4m3x2<__half>((uint16_t)(x[k] >> 16));
+            }
+            char *o = dst + (c / 4) * C::KV_SLAB;
+            *(uint4 *)(o + fa3__swz(rr, (2 * c) % 8)) = make_uint4(h[0], h[1], h[2], h[3]);
+            *(uint4 *)(o + fa3__swz(rr, (2 * c + 1) % 8)) = make_uint4(h[4], h[5], h[6], h[7]);
+          }
+        };
+        widen(sm->raw, CK, kd);
+        widen(sm->raw + BN * DK, CV, vd);
+        fa3__fence_async();
+        fa3__sync(FA3__BAR_PRODUCER, 128); /* the stage is whole, and the landing area free again */
+        if (tid == 0) {
+          fa3__arrive(&sm->full_k[s]);
+          fa3__arrive(&sm->full_v[s]);
+        }
+      } else {
+        fa3__wait(&sm->empty_k[s], ph ^ 1u);
+#pragma unroll 4
+        for (int c = (int)(tid / BN); c < CK; c += 128 / BN)
+          fa2__cp16(kd + (c / 8) * C::KV_SLAB + fa3__swz(r, c % 8), ks + c * 16, ok && c * 8u < d);
+        fa3__arrive_cp(&sm->full_k[s]);
+        fa3__wait(&sm->empty_v[s], ph ^ 1u);
+#pragma unroll 4
+        for (int c = (int)(tid / BN); c < CV; c += 128 / BN)
+          fa2__cp16(vd + (c / 8) * C::KV_SLAB + fa3__swz(r, c % 8), vs + c * 16, ok && c * 8u < dv);
+        fa3__arrive_cp(&sm->full_v[s]);
+        fa3__sync(FA3__BAR_PRODUCER, 128); /* every thread's pending arrive is counted before the last one */
+        if (tid == 0) {
+          fa3__arrive(&sm->full_k[s]);
+          fa3__arrive(&sm->full_v[s]);
+        }
+      }
+    }
+  }
+  if (tid == 0u) fa3__sched_done(a.k.s.tile_counter);
+}
+
+#endif /* __CUDACC__ */
+#endif /* FATTN_ATTN_FA3_FA3_PRODUCE_H */

@@ -1,0 +1,82 @@
+/* fa3_sync.h: the Hopper kernels' synchronisation and copy primitives: mbarriers, the named
+ * barriers (one enum), TMA box loads, proxy fences and the wgmma ordering instructions. */
+#ifndef FATTN_ATTN_FA3_FA3_SYNC_H
+#define FATTN_ATTN_FA3_FA3_SYNC_H
+
+#include <cuda.h>
+
+#include "attn/fa2/fa2.h"
+
+#ifdef __CUDACC__
+
+/* Named barriers (bar.sync ids; 0 is __syncthreads). A consumer's turn barrier is the one the
+ * other consumer arrives on once it has issued its GEMMs, so the two issue in alternation. */
+enum fa3__named_barrier {
+  FA3__BAR_PRODUCER = 1, /* the producer warpgroup's 128 threads */
+  FA3__BAR_Q = 2,        /* + c: consumer c's 128 threads, once its Q slabs have landed */
+  FA3__BAR_TURN = 4,     /* + c: consumer c may issue (256 threads: both consumers) */
+};
+
+__device__ __forceinline__ void fa3__bar_init(uint64_t *b, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(fa2__smem(b)), "r"(count));
+}
+__device__ __forceinline__ void fa3__arrive(uint64_t *b) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(fa2__smem(b)) : "memory");
+}
+__device__ __forceinline__ void fa3__arrive_tx(uint64_t *b, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(fa2__smem(b)), "r"(bytes)
+               : "memory");
+}
+/* Arrives once every cp.async this thread issued so far has landed (counted on top). */
+__device__ __forceinline__ void fa3__arrive_cp(uint64_t *b) {
+  asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(fa2__smem(b)) : "memory");
+}
+__device__ __forceinline__ void fa3__wait(uint64_t *b, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred p;\nWAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT_%=;\n}\n" ::"r"(fa2__smem(b)),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void fa3__tma3(void *dst, const CUtensorMap *map, int c0, int c1, int c2, uint64_t *b) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
+          fa2__smem(dst)),
+      "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(fa2__smem(b))
+      : "memory");
+}
+__device__ __forceinline__ void fa3__sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void fa3__arrive_bar(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+/* Ordinary (and cp.async) writes to shared memory made visible to wgmma and TMA readers. */
+__device__ __forceinline__ void fa3__fence_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+/* ---- wgmma ordering and operand descriptors */
+
+__device__ __forceinline__ void fa3__mma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void fa3__mma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void fa3__mma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* Keeps the compiler from moving accumulator registers across an asynchronous wgmma. */
+template <int N> __device__ __forceinline__ void fa3__pin(float *d) {
+#pragma unroll
+  for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i]));
+}
+
+/* Shared-memory operand in the 128-byte swizzle (rows of 128 bytes, 8-row groups 1024 bytes
+ * apart); lbo is the distance between 64-column slabs, read only for MN-major operands. */
+__device__ __forceinline__ uint64_t fa3__desc(const void *p, uint32_t lbo) {
+  uint64_t a = fa2__smem(p);
+  return ((a & 0x3FFFFull) >> 4) | ((uint64_t)((lbo >> 4) & 0x3FFFu) << 16) |
+         ((uint64_t)(1024u >> 4) << 32) | (1ull << 62);
+}
+/* Byte offset of 16-byte chunk c of row r inside a swizzled slab. */
+__device__ __forceinline__ uint32_t fa3__swz(uint32_t r, uint32_t c) { return r * 128u + ((c ^ (r & 7u)) << 4); }
+
+#endif /* __CUDACC__ */
+#endif /* FATTN_ATTN_FA3_FA3_SYNC_H */

@@ -1,0 +1,93 @@
+/* fa3_table.h: the dispatch table of the Hopper kernels, one row a head-dim pair (tile shape,
+ * ring depth, register split, softmax policy), and the shared-memory plan it implies. */
+#ifndef FATTN_ATTN_FA3_FA3_TABLE_H
+#define FATTN_ATTN_FA3_FA3_TABLE_H
+
+#include <stdint.h>
+
+/* X(DK, DV, BN, ST, ST8, P_REGS, C_REGS, SOFTMAX), read as a table:
+ *   DK, DV   the QK and PV dims of the tiles, in 64-dim slabs (d 96 runs the 128 row with its
+ *            upper dims zero; d 192 has rows for d_v 128 and 192)
+ *   BN       KV slots a block (the S GEMM's N)
+ *   ST, ST8  K/V ring stages for 16-bit KV and for fp8 KV (whose raw landing area takes the
+ *            room of a stage), as deep as 227 KB of shared memory allow
+ *   P_REGS, C_REGS  registers a thread of the producer and of each consumer (setmaxnreg).
+ *            P + 2 C <= 504, the 168 a thread the launch gives each warpgroup: consumers asking
+ *            for more than the producer freed wait forever. At d 192 the producer's TMA lanes
+ *            spill at 40 and the consumers fit in 224 (ptxas -v).
+ *   SOFTMAX  exact (rescale whenever a max grows) or lazy (FA4's thresholded max; it pays
+ *            where O is 128 registers a thread) */
+#define FA3__TABLE(X)                         \
+  /* DK   DV   BN  ST ST8  P    C   softmax */ \
+  X(64, 64, 128, 4, 4, 40, 232, exact)         \
+  X(128, 128, 128, 3, 2, 40, 232, exact)       \
+  X(192, 128, 64, 4, 3, 56, 224, lazy)         \
+  X(192, 192, 64, 3, 3, 56, 224, lazy)         \
+  X(256, 256, 64, 2, 2, 40, 232, lazy)
+
+/* A head dim rounded up to the 64-dim slabs of the tiles. */
+#define FA3__DK(hd) (((hd) + 63u) / 64u * 64u)
+/* TMA brings a tile as one box a page and slab: pages of 8 slots or more, so that every box
+ * starts on a swizzle atom (8 rows of 128 bytes). */
+#define FA3__TMA_MIN_PAGE 8u
+
+/* KV slots a block of the layer's kernel (its table row), 0 where no row serves. */
+static inline uint32_t fa3__tile_slots(uint32_t head_dim, uint32_t head_dim_v) {
+  const uint32_t dk = FA3__DK(head_dim), dv = FA3__DK(head_dim_v);
+#define FA3__ROW_BN(DK, DV, BN, ST, ST8, P, C, SM) \
+  if (dk == DK && dv == DV) return BN;
+  FA3__TABLE(FA3__ROW_BN)
+#undef FA3__ROW_BN
+  return 0u;
+}
+
+#ifdef __CUDACC__
+
+#include "attn/fa3/fa3_softmax.h"
+
+template <int DK, int DV> struct fa3__row;
+#define FA3__ROW_TRAITS(DK, DV, BN_, ST_, ST8_, P, C, SM)                      \
+  template <> struct fa3__row<DK, DV> {                                      \
+    static constexpr int BN = BN_, ST = ST_, ST8 = ST8_, P_REGS = P, C_REGS = C; \
+    template <int N> using softmax = fa3__softmax_##SM<N>;                   \
+  };
+FA3__TABLE(FA3__ROW_TRAITS)
+#undef FA3__ROW_TRAITS
+
+/* The shapes a kernel derives from its row. F8: the KV is fp8, gathered raw into a landing
+ * area and widened to fp16 into the stage by the producer. */
+template <int DK, int DV, bool F8> struct fa3__cfg {
+  using R = fa3__row<DK, DV>;
+  static constexpr int BN = R::BN, ST = F8 ? R::ST8 : R::ST, NT = 384, SK = DK / 64, SV = DV / 64;
+  static constexpr int P_REGS = R::P_REGS, C_REGS = R::C_REGS;
+  static constexpr int Q_WG = SK * 64 * 128;      /* one consumer's 64 rows: [slab][64][128 B] */
+  static constexpr int KV_SLAB = BN * 128;        /* [BN slots][128 B] */
+  static constexpr int K_BYTES = SK * KV_SLAB;    /* [slab][BN][128 B] */
+  static constexpr int V_BYTES = SV * KV_SLAB;
+  static constexpr int STAGE = K_BYTES + V_BYTES;
+  static constexpr int RAW = F8 ? BN * (DK + DV) : 8; /* fp8 rows as loaded: [BN][DK], [BN][DV] */
+  using softmax = typename R::template softmax<BN>;
+  static_assert(P_REGS + 2 * C_REGS <= 504, "the consumers ask for more registers than the producer frees");
+};
+
+/* The shared-memory plan: one struct, placed at a 1024-byte boundary (the swizzle atom), so
+ * that every Q slab and K/V stage starts on one. */
+template <int DK, int DV, bool F8> struct fa3__smem {
+  using C = fa3__cfg<DK, DV, F8>;
+  char q[2][C::Q_WG];         /* consumer c's 64 query rows, [slab][64][128 B] */
+  char kv[C::ST][C::STAGE];   /* the ring: K [slab][BN][128 B], then V */
+  char raw[C::RAW];           /* fp8: the producer's landing area */
+  uint64_t full_k[C::ST], full_v[C::ST];   /* a stage's K / V landed (producer arrives) */
+  uint64_t empty_k[C::ST], empty_v[C::ST]; /* a stage's K / V read (one arrive a consumer warp) */
+  uint64_t sched_full[2], sched_empty[2];  /* the scheduler's ring of two slots */
+  uint32_t ring_w[2], ring_entry[2];       /* its slots: work item, entry */
+};
+template <int DK, int DV, bool F8> struct fa3__plan {
+  static constexpr int SMEM = 1024 + (int)sizeof(fa3__smem<DK, DV, F8>);
+  static_assert(SMEM <= 227 * 1024, "shared memory");
+  static_assert(fa3__cfg<DK, DV, F8>::Q_WG % 1024 == 0 && fa3__cfg<DK, DV, F8>::STAGE % 1024 == 0,
+                "slabs and stages on swizzle atoms");
+};
+
+#endif /* __CUDACC__ */
+#endif /* FATTN_ATTN_FA3_FA3_TABLE_H */
