@@ -6,8 +6,8 @@ extern "C" int fattn__fa2_supports(const fattn__layer_params *l) {
   uint32_t d = l->head_dim, dv = l->head_dim_v;
   int dims = (d == 64u || d == 96u || d == 128u || d == 192u || d == 256u) &&
              (dv == d || (d == 192u && dv == 128u));
-  int types = (l->q_dtype == 1u || l->q_dtype == 2u) &&
-              (l->kv_dtype == l->q_dtype || l->kv_dtype == 3u);
+  int types = (l->q_dtype == FATTN_DTYPE_BF16 || l->q_dtype == FATTN_DTYPE_FP16) &&
+              (l->kv_dtype == l->q_dtype || l->kv_dtype == FATTN_DTYPE_FP8_E4M3);
   int ps = l->page_size >= 1u && l->page_size <= 256u && (l->page_size & (l->page_size - 1u)) == 0u;
   int heads = l->num_kv_heads > 0u && l->num_q_heads % l->num_kv_heads == 0u;
   int mla = !l->mla || l->num_kv_heads == 1u;
@@ -383,7 +383,7 @@ extern "C" int fattn__fa2_attend(fattn__layer_params l, fattn__step_params s, co
   const uint32_t rpw = rows > round ? FA2__FEW_ROWS : 1u;
   const uint32_t warps = s.cap_entries * qpe * ((l.num_q_heads + rpw - 1u) / rpw) * wpr;
   const uint32_t smem = wpr > 1u ? csum : 0u;
-  const bool bf16 = l.q_dtype == 1u;
+  const bool bf16 = l.q_dtype == FATTN_DTYPE_BF16;
   auto combine = wpr > 1u ? (bf16 ? fa2__combine<__nv_bfloat16, true> : fa2__combine<__half, true>)
                           : (bf16 ? fa2__combine<__nv_bfloat16, false> : fa2__combine<__half, false>);
   return (int)fattn__launch(combine, dim3((warps + 3u) / 4u), dim3(128), smem, st, a, qpe, rpw, smem / 4u);
