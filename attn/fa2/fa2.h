@@ -610,13 +610,9 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
       *(float4 *)(a.s.split_o + row_o * HDV + c) = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
       if (c == 0) a.s.split_lse[row_o] = lse2 * FA2__LN2;
     } else {
-      if (M != -INFINITY) {
-        float Lt = L + (l.sinks ? exp2f(l.sinks[hq] * FA2__LOG2E - M) : 0.f);
-        inv = a.o_mul / Lt;
-        lse2 = M + log2f(Lt);
-      } else if (l.sinks) {
-        lse2 = l.sinks[hq] * FA2__LOG2E;
-      }
+      const float sink2 = l.sinks ? l.sinks[hq] * FA2__LOG2E : -INFINITY;
+      if (M != -INFINITY) inv = fa2__sink_join<true>(M, L, sink2, a.o_mul, lse2);
+      else lse2 = sink2;
       size_t row_o = (size_t)(e.q_start + t) * l.num_q_heads + hq;
       uint2 pk = make_uint2(fa2__pack<TQ>(acc.x * inv, acc.y * inv), fa2__pack<TQ>(acc.z * inv, acc.w * inv));
       *(uint2 *)((TQ *)a.out + row_o * HDV + c) = pk;
