@@ -44,8 +44,8 @@ void fattn__ref_attend(fattn__layer_params l, fattn__step_params s, const void *
  * that replay is bit-exact. */
 static inline int fattn__decode_kind(const fattn__layer_params *l, const fattn__step_params *s) {
   const uint32_t G = l->num_q_heads / l->num_kv_heads;
-  return s->mode == 2u /* DECODE */ || s->mode == 4u /* DRAFT_DECODE */ ||
-         (s->mode != 5u /* DRAFT_EXTEND */ && (uint64_t)s->cap_q_tokens * G <= 128ull * s->cap_entries);
+  return s->mode == FATTN_MODE_DECODE || s->mode == FATTN_MODE_DRAFT_DECODE ||
+         (s->mode != FATTN_MODE_DRAFT_EXTEND && (uint64_t)s->cap_q_tokens * G <= 128ull * s->cap_entries);
 }
 
 /* ---- attn/fa2: portable sm_80+ kernels. Return a cudaError_t value (0 on success). */

@@ -5,6 +5,8 @@
 
 #include <stdint.h>
 
+#include "fattn.h" /* fattn_mode and fattn_dtype, by name on both sides */
+
 #ifdef __CUDACC__
 #define FATTN__HD __host__ __device__ __forceinline__
 #else
@@ -170,7 +172,7 @@ FATTN__HD uint32_t fattn__wave_splits(uint32_t per_entry, uint32_t wave, uint32_
 FATTN__HD uint32_t fattn__splits_for(const fattn__step_hdr *h, uint32_t kv_len, uint32_t q_len,
                                       uint32_t *align) {
   *align = FATTN__SPLIT_ALIGN;
-  if (h->mode != 2u && h->mode != 3u && h->mode != 4u) /* DECODE, TARGET_VERIFY, DRAFT_DECODE */
+  if (h->mode != FATTN_MODE_DECODE && h->mode != FATTN_MODE_TARGET_VERIFY && h->mode != FATTN_MODE_DRAFT_DECODE)
     return 1u;
   uint32_t per_entry = (h->num_live ? h->num_live : h->num_entries) * h->num_kv_heads;
   if (per_entry == 0u) return 1u;

@@ -45,6 +45,14 @@ static double to_f(uint32_t dt, const void *p, size_t i) {
   return dt == FP ? fattn__f16_to_f32(b) : fattn__bf16_to_f32(b);
 }
 static const char *dname(uint32_t dt) { return dt == BF ? "bf16" : dt == FP ? "fp16" : "fp8"; }
+/* n elements of a 16-bit dtype, all x. */
+static void fill16(void *dev, size_t n, uint32_t dt, float x) {
+  ck_assert_uint_ne(dt, F8);
+  uint16_t *h = fattn_test_xmalloc(n * 2 + 2), b = dt == FP ? fattn__f32_to_f16(x) : fattn__f32_to_bf16(x);
+  for (size_t i = 0; i < n; i++) h[i] = b;
+  CK(cudaMemcpy(dev, h, n * 2, cudaMemcpyHostToDevice));
+  free(h);
+}
 
 #ifdef FATTN_TEST_FA3
 #define BACKEND "fa3"
@@ -62,13 +70,19 @@ static int attend_under_test(fattn__layer_params l, fattn__step_params s, const 
 }
 #endif
 
-/* One group of random cases sharing a shape and options. */
+/* Where a group's sinks lie (cfg.sinks): none; random near the scores (head 1 without one); 100
+ * above every score a head's rows see, where the sink's term against a row's max is past float's
+ * range; 100 below every one (head 1 without one), where it is under it; 0 (cfg.lone). */
+enum { SINKS_NONE, SINKS_NEAR, SINKS_ABOVE, SINKS_BELOW, SINKS_ZERO };
+
+/* One group of random cases sharing a shape and options. lone: every entry one query over one
+ * slot, Q all 2.5 and K all -4.5 (exact in bf16 and fp16), so that at d 64 the one score is -90. */
 typedef struct cfg {
   uint32_t mode, qh, kvh, d, dv, qt, kt, ps;
   float softcap;
   int32_t window;
   uint32_t chunk;
-  int sinks, tree, lse, mla;
+  int sinks, tree, lse, mla, lone;
   uint32_t max_bs;   /* entries drawn in 1..max_bs */
   uint32_t long_len; /* longest KV (decode) or query (prefill) length drawn */
   uint64_t budget;   /* reference work per case: sum over entries of q_len * kv_len * q_heads */
@@ -88,6 +102,26 @@ static uint32_t draw_len(const cfg *c, int longer) {
   uint32_t base[5] = {1, ps > 1 ? ps - 1 : 1, ps, ps + 1, 1 + rnd(3 * ps + 40)};
   if (longer) return rnd(2) ? c->long_len : 1 + rnd(c->long_len);
   return base[rnd(5)];
+}
+
+/* Each head's sink 100 past every score its rows see, from the reference without sinks over
+ * the host step (hl, hs): a row's LSE is at least its largest score and, with Q negated (every
+ * score negated, softcap's tanh being odd), at least minus its smallest. SINKS_ABOVE: the head's
+ * largest LSE + 100; SINKS_BELOW: minus its largest LSE of -Q, - 100, and head 1 without a sink.
+ * A head none of whose rows sees a slot keeps sink 0. o and lse: room for the reference's O and
+ * LSE; q [qn] (16-bit) comes back as it was. */
+static void far_sinks(int where, fattn__layer_params hl, fattn__step_params hs, uint16_t *q, size_t qn, double *o,
+                      double *lse, size_t ln, float *sinks) {
+  hl.sinks = NULL;
+  for (size_t i = 0; where == SINKS_BELOW && i < qn; i++) q[i] ^= 0x8000u; /* the sign bit of bf16 and fp16 */
+  fattn_test_oracle(hl, hs, q, o, lse, NULL, 0);
+  for (size_t i = 0; where == SINKS_BELOW && i < qn; i++) q[i] ^= 0x8000u;
+  for (uint32_t hq = 0; hq < hl.num_q_heads; hq++) {
+    double top = -INFINITY;
+    for (size_t i = hq; i < ln; i += hl.num_q_heads) top = fmax(top, lse[i]);
+    sinks[hq] = top == -INFINITY ? 0.0f : where == SINKS_ABOVE ? (float)(top + 100.0) : (float)(-top - 100.0);
+    if (where == SINKS_BELOW && hq == 1) sinks[hq] = -INFINITY;
+  }
 }
 
 /* Builds a random step for c, runs fa2 and the reference, compares; returns err / tol. */
@@ -122,7 +156,9 @@ static double run_case(const cfg *c, int route, int *ok) {
     x->mask_row = UINT32_MAX;
     int longer = c->max_bs == 1 || (work < c->budget / 2 && rnd(3) == 0);
     uint32_t ql, kl;
-    if (is_decode(c->mode)) {
+    if (c->lone) {
+      ql = kl = 1;
+    } else if (is_decode(c->mode)) {
       ql = 1;
       kl = draw_len(c, longer);
     } else if (c->mode == FATTN_MODE_TARGET_VERIFY) {
@@ -248,7 +284,7 @@ static double run_case(const cfg *c, int route, int *ok) {
   float *sinks = NULL;
   if (c->sinks) {
     sinks = fattn_test_xmalloc(c->qh * sizeof *sinks);
-    for (uint32_t i = 0; i < c->qh; i++) sinks[i] = i == 1 ? -INFINITY : (float)(4.0 * rnd_unit() - 1.0);
+    for (uint32_t i = 0; i < c->qh; i++) sinks[i] = c->sinks != SINKS_NEAR ? 0.0f : i == 1 ? -INFINITY : (float)(4.0 * rnd_unit() - 1.0);
   }
   void *dk = dalloc(kn * esize(c->kt)), *dv = c->mla ? NULL : dalloc(vn * esize(c->kt));
   void *dq = dalloc(qn * 2), *dout = dalloc(on * 2 + 16);
@@ -267,6 +303,10 @@ static double run_case(const cfg *c, int route, int *ok) {
   CK(fattn_test_gpu_randn(dk, kn, c->kt, 1.0f, seed));
   if (!c->mla) CK(fattn_test_gpu_randn(dv, vn, c->kt, 1.0f, seed + 1));
   CK(fattn_test_gpu_randn(dq, qn, c->qt, 1.5f, seed + 2));
+  if (c->lone) {
+    fill16(dq, qn, c->qt, 2.5f);
+    fill16(dk, kn, c->kt, -4.5f);
+  }
   CK(cudaMemcpy(dused, used, slots, cudaMemcpyHostToDevice));
   CK(fattn_test_gpu_nan_rows(dk, dused, slots, (size_t)c->kvh * c->d, c->kt));
   if (!c->mla) CK(fattn_test_gpu_nan_rows(dv, dused, slots, (size_t)c->kvh * c->dv, c->kt));
@@ -280,6 +320,28 @@ static double run_case(const cfg *c, int route, int *ok) {
   CK(cudaMemset(de, 0xff, slots_e * sizeof *e));
   CK(cudaMemcpy(de, e, bs * sizeof *e, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dmask, mask, (nmask + 1) * 8, cudaMemcpyHostToDevice));
+
+  /* The reference's step over host copies of the pools and Q (the kernels only read them), and
+   * the sinks placed against its scores. */
+  void *hk = fattn_test_xmalloc(kn * esize(c->kt)), *hv = c->mla ? NULL : fattn_test_xmalloc(vn * esize(c->kt));
+  uint16_t *hq = fattn_test_xmalloc(qn * 2);
+  CK(cudaMemcpy(hk, dk, kn * esize(c->kt), cudaMemcpyDeviceToHost));
+  if (!c->mla) CK(cudaMemcpy(hv, dv, vn * esize(c->kt), cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(hq, dq, qn * 2, cudaMemcpyDeviceToHost));
+  double *o64 = fattn_test_xmalloc(on * 8 + 8), *l64 = fattn_test_xmalloc(ln * 8 + 8);
+  float *hso = fattn_test_xmalloc(so_n * 4), *hsl = fattn_test_xmalloc(sl_n * 4);
+  fattn__layer_params hl = l;
+  hl.k_pool = hk;
+  hl.v_pool = hv;
+  hl.page_table = pt;
+  hl.sinks = sinks;
+  fattn__step_params hs = s;
+  hs.hdr = &h;
+  hs.entries = e;
+  hs.mask = mask;
+  hs.split_o = hso;
+  hs.split_lse = hsl;
+  if (c->sinks == SINKS_ABOVE || c->sinks == SINKS_BELOW) far_sinks(c->sinks, hl, hs, hq, qn, o64, l64, ln, sinks);
   if (c->sinks) CK(cudaMemcpy(dsinks, sinks, c->qh * 4, cudaMemcpyHostToDevice));
 
   fattn__layer_params dl = l;
@@ -325,32 +387,19 @@ static double run_case(const cfg *c, int route, int *ok) {
     wide_shared += shared_rows;
   }
 
-  /* Host copies and the reference. */
-  void *hk = fattn_test_xmalloc(kn * esize(c->kt)), *hv = c->mla ? NULL : fattn_test_xmalloc(vn * esize(c->kt));
-  void *hq = fattn_test_xmalloc(qn * 2), *hout = fattn_test_xmalloc(on * 2 + 2), *hlp = fattn_test_xmalloc(on * 2 + 2);
+  /* The outputs and the reference. */
+  void *hout = fattn_test_xmalloc(on * 2 + 2), *hlp = fattn_test_xmalloc(on * 2 + 2);
   float *hlse = fattn_test_xmalloc(ln * 4 + 4);
-  CK(cudaMemcpy(hk, dk, kn * esize(c->kt), cudaMemcpyDeviceToHost));
-  if (!c->mla) CK(cudaMemcpy(hv, dv, vn * esize(c->kt), cudaMemcpyDeviceToHost));
-  CK(cudaMemcpy(hq, dq, qn * 2, cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(hout, dout, on * 2, cudaMemcpyDeviceToHost));
   if (c->lse) CK(cudaMemcpy(hlse, dlse, ln * 4, cudaMemcpyDeviceToHost));
-  double *o64 = fattn_test_xmalloc(on * 8 + 8), *l64 = fattn_test_xmalloc(ln * 8 + 8);
-  float *hso = fattn_test_xmalloc(so_n * 4), *hsl = fattn_test_xmalloc(sl_n * 4);
-  fattn__layer_params hl = l;
-  hl.k_pool = hk;
-  hl.v_pool = hv;
-  hl.page_table = pt;
-  hl.sinks = sinks;
-  fattn__step_params hs = s;
-  hs.hdr = &h;
-  hs.entries = e;
-  hs.mask = mask;
-  hs.split_o = hso;
-  hs.split_lse = hsl;
   fattn_test_oracle(hl, hs, hq, o64, l64, hlp, 0);
 
   double err = 0, lerr = 0, lse_err = 0;
   size_t nans = fattn_test_count_nan(hout, on, c->qt) + (c->lse ? fattn_test_count_nan(hlse, ln, 0) : 0);
+  /* An LSE is finite unless the reference's is -inf (a row that sees nothing, without a sink):
+   * whatever merges by LSE turns an infinite one into NaN. */
+  size_t infinite = 0;
+  for (size_t i = 0; c->lse && i < ln; i++) infinite += isinf(hlse[i]) && hlse[i] != l64[i];
   for (size_t i = 0; i < on; i++) {
     double g = to_f(c->qt, hout, i), lp = to_f(c->qt, hlp, i);
     if (fabs(g - o64[i]) > err) err = fabs(g - o64[i]);
@@ -363,10 +412,11 @@ static double run_case(const cfg *c, int route, int *ok) {
     }
   double tol = (c->kt == F8 ? 4.0 : 2.0) * lerr + 1e-5;
   double ratio = err / tol;
-  *ok = nans == 0 && err <= tol && lse_err <= 2e-3 && ctr[0] == 0 && ctr[1] == 0 && wide_same;
+  *ok = nans == 0 && infinite == 0 && err <= tol && lse_err <= 2e-3 && ctr[0] == 0 && ctr[1] == 0 && wide_same;
   if (!*ok)
-    printf("  FAIL mode %u bs %u route %d: err %.3g tol %.3g lse_err %.3g nans %zu scheduler %u/%u%s (q_tokens %u, kv of e0 %u)\n",
-           c->mode, bs, route, err, tol, lse_err, nans, ctr[0], ctr[1],
+    printf("  FAIL mode %u bs %u route %d: err %.3g tol %.3g lse_err %.3g nans %zu infinite LSEs %zu scheduler %u/%u%s "
+           "(q_tokens %u, kv of e0 %u)\n",
+           c->mode, bs, route, err, tol, lse_err, nans, infinite, ctr[0], ctr[1],
            wide_same ? "" : ", bytes unlike under wide caps", h.num_q_tokens, e[0].kv_len);
 
   cudaFree(dk); cudaFree(dv); cudaFree(dq); cudaFree(dout); cudaFree(dlse); cudaFree(dso);
@@ -568,8 +618,8 @@ START_TEST(options) {
       if (o == 0) { c.softcap = 3.0f; tag = " softcap"; }
       if (o == 1) { c.window = 37 + (int)rnd(200); tag = " window"; }
       if (o == 2) { c.chunk = 64u << rnd(3); tag = " chunk"; }
-      if (o == 3) { c.sinks = 1; c.lse = 1; tag = " sinks"; }
-      if (o == 4) { c.sinks = 1; c.window = 100; c.softcap = 5.0f; c.lse = 0; tag = " sinks+window+softcap nolse"; }
+      if (o == 3) { c.sinks = SINKS_NEAR; c.lse = 1; tag = " sinks"; }
+      if (o == 4) { c.sinks = SINKS_NEAR; c.window = 100; c.softcap = 5.0f; c.lse = 0; tag = " sinks+window+softcap nolse"; }
       group(&c, 2, tag);
     }
   ck_assert_int_eq(total_fail - f0, 0);
@@ -585,6 +635,46 @@ START_TEST(verify) {
     c.max_bs = 8;
     c.budget = 500000;
     group(&c, 2, c.tree ? " tree" : " chain");
+  }
+  ck_assert_int_eq(total_fail - f0, 0);
+}
+END_TEST
+
+/* Sinks 100 above every score of their head and 100 below, on every path: prefill, decode and
+ * draft decode (their split-KV steps and the merge; bs 1 over 16384 slots for rows of more than
+ * 4 splits), verify's trees (the wide kind), draft extend and cross with softcap; then the lone
+ * score of -90 beside a sink of 0 (d 64, one head, one slot), whose LSE is about 0. */
+START_TEST(sinks_far) {
+  int f0 = total_fail;
+  static const struct { uint32_t mode; int dim, gqa; uint32_t qt, kt, ps; float softcap; } X[6] = {
+      {FATTN_MODE_PREFILL, 2, 1, BF, BF, 16, 0.f},       {FATTN_MODE_DECODE, 2, 2, FP, F8, 64, 0.f},
+      {FATTN_MODE_DRAFT_DECODE, 0, 0, BF, BF, 1, 0.f},   {FATTN_MODE_TARGET_VERIFY, 2, 3, BF, BF, 16, 0.f},
+      {FATTN_MODE_DRAFT_EXTEND, 5, 1, FP, FP, 128, 0.f}, {FATTN_MODE_CROSS, 3, 1, BF, F8, 256, 4.f}};
+  for (int where = SINKS_ABOVE; where <= SINKS_BELOW; where++) {
+    const char *tag = where == SINKS_ABOVE ? " sinks 100 above" : " sinks 100 below";
+    for (int k = 0; k < 6; k++) {
+      cfg c = base_cfg(X[k].mode, DIMS[X[k].dim][0], DIMS[X[k].dim][1], X[k].qt, X[k].kt, X[k].ps, GQA[X[k].gqa][0],
+                       GQA[X[k].gqa][1]);
+      c.sinks = where;
+      c.softcap = X[k].softcap;
+      c.tree = X[k].mode == FATTN_MODE_TARGET_VERIFY;
+      c.max_bs = X[k].mode == FATTN_MODE_PREFILL ? 4 : 16;
+      c.long_len = X[k].mode == FATTN_MODE_PREFILL ? 700 : 4224;
+      group(&c, 3, tag);
+    }
+    cfg c = base_cfg(FATTN_MODE_DECODE, 128, 128, BF, BF, 16, 4, 1);
+    c.sinks = where;
+    c.max_bs = 1;
+    c.long_len = 16384;
+    group(&c, 3, where == SINKS_ABOVE ? " long sinks 100 above" : " long sinks 100 below");
+  }
+  static const uint32_t LONE[4] = {FATTN_MODE_PREFILL, FATTN_MODE_DECODE, FATTN_MODE_TARGET_VERIFY, FATTN_MODE_CROSS};
+  for (int m = 0; m < 4; m++) {
+    cfg c = base_cfg(LONE[m], 64, 64, m % 2 ? FP : BF, m % 2 ? FP : BF, PAGES[m + 1], 1, 1);
+    c.lone = 1;
+    c.sinks = SINKS_ZERO;
+    c.max_bs = 8;
+    group(&c, 3, " lone score -90, sink 0");
   }
   ck_assert_int_eq(total_fail - f0, 0);
 }
@@ -652,7 +742,7 @@ START_TEST(fa3_long) {
   static const struct { int dim; uint32_t qt, kt, ps; int gqa, window, sinks; float softcap; const char *tag; } X[7] = {
       {1, BF, BF, 128, 1, 0, 0, 0.f, " tma"},      {1, FP, FP, 16, 2, 300, 0, 0.f, " window"},
       {3, BF, BF, 64, 0, 0, 0, 0.f, " tma"},       {4, FP, FP, 16, 1, 0, 0, 4.f, " softcap"},
-      {2, BF, F8, 128, 1, 0, 1, 0.f, " sinks"},    {5, FP, F8, 64, 2, 300, 0, 0.f, " window"},
+      {2, BF, F8, 128, 1, 0, SINKS_NEAR, 0.f, " sinks"},    {5, FP, F8, 64, 2, 300, 0, 0.f, " window"},
       {3, BF, F8, 16, 1, 0, 0, 0.f, ""}};
   for (int k = 0; k < 7; k++) {
     cfg x = base_cfg(FATTN_MODE_PREFILL, DIMS[X[k].dim][0], DIMS[X[k].dim][1], X[k].qt, X[k].kt, X[k].ps,
@@ -676,7 +766,7 @@ END_TEST
 
 /* store_kv and the decode groups are left to gpu_fa2: fa3 hands those steps to the same fa2
  * kernels, so they would only repeat it. */
-FATTN_SUITE("gpu_fa3", FATTN_TEST_GPU, options, verify, prefill, fa3_long, totals)
+FATTN_SUITE("gpu_fa3", FATTN_TEST_GPU, options, verify, sinks_far, prefill, fa3_long, totals)
 #else
-FATTN_SUITE("gpu_fa2", FATTN_TEST_GPU, store_kv, decode, decode_narrow, options, verify, prefill, totals)
+FATTN_SUITE("gpu_fa2", FATTN_TEST_GPU, store_kv, decode, decode_narrow, options, verify, sinks_far, prefill, totals)
 #endif

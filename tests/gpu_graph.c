@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "lib/dtype.h"
 #include "lib/internal.h" /* FATTN__MAILBOX_POSTS */
 #include "tests/support.h"
 #include "tests/support_gpu.h"
@@ -47,12 +48,13 @@ static void layers_late(void *user, void *stream) {
   }
 }
 
-/* Every graph mode for batches up to maxb and cap query tokens. */
-static void rig_config(fattn_config *cp, fattn_model *mp, uint32_t maxb, uint32_t cap) {
+/* Every graph mode for batches up to maxb and cap query tokens; sinks [LAYERS][HQ] or NULL. */
+static void rig_config(fattn_config *cp, fattn_model *mp, uint32_t maxb, uint32_t cap, const float *sinks) {
   fattn_config c;
   fattn_model m;
   fattn_test_small(&c, &m);
   m.num_layers = LAYERS, m.num_q_heads = HQ, m.num_kv_heads = HKV, m.head_dim = D;
+  m.sinks = sinks;
   c.device = 0;
   c.page_size = 16;
   c.kv_budget_pages = 4096;
@@ -67,11 +69,11 @@ static void rig_config(fattn_config *cp, fattn_model *mp, uint32_t maxb, uint32_
 }
 
 /* A context of rig_config and buffers of cap query tokens. */
-static void open_rig(rig *r, uint32_t maxb, uint32_t cap) {
+static void open_rig(rig *r, uint32_t maxb, uint32_t cap, const float *sinks) {
   memset(r, 0, sizeof *r);
   fattn_config c;
   fattn_model m;
-  rig_config(&c, &m, maxb, cap);
+  rig_config(&c, &m, maxb, cap, sinks);
   ck_assert_msg(fattn_create(&c, &m, &r->ctx, detail, sizeof detail) == FATTN_OK, "%s", detail);
   ck_assert_int_eq(cudaStreamCreateWithFlags(&r->stream, cudaStreamNonBlocking), cudaSuccess);
   ck_assert_int_eq(cudaMalloc(&r->q, (size_t)cap * HQ * D * 2), cudaSuccess);
@@ -135,7 +137,7 @@ static void read_out(rig *r, uint16_t *out, float *lse, uint32_t tokens) {
  * for bit, padding rows come out as zeros, and plan + launch make no forbidden call. */
 START_TEST(replay_equals_eager_every_mode) {
   rig r;
-  open_rig(&r, MAXB, CAP);
+  open_rig(&r, MAXB, CAP, NULL);
   const fattn_mode modes[4] = {FATTN_MODE_DECODE, FATTN_MODE_DRAFT_DECODE, FATTN_MODE_TARGET_VERIFY,
                                FATTN_MODE_DRAFT_EXTEND};
   static uint16_t eager[CAP * HQ * D], graph[CAP * HQ * D];
@@ -185,10 +187,68 @@ START_TEST(replay_equals_eager_every_mode) {
 }
 END_TEST
 
+/* Sinks 150 above every score (N(0, 1) data at d 128: scores within a few units of 0), 150
+ * below, none and 0, heads 0-3 and again 4-7 of both layers, in every graph mode (16 replays
+ * each, 2 under FATTN_TEST_QUICK): replay equals eager bit for bit, every LSE is finite (every
+ * row sees its own slot), and a head whose sink is above has LSE 150 and O 0: its sink's term
+ * would overflow float against the row's max. */
+START_TEST(sinks_far_from_scores_replay) {
+  static const float SINK[4] = {150.0f, -150.0f, -INFINITY, 0.0f};
+  float sinks[LAYERS * HQ];
+  for (uint32_t i = 0; i < LAYERS * HQ; i++) sinks[i] = SINK[i % 4];
+  rig r;
+  open_rig(&r, MAXB, CAP, sinks);
+  const fattn_mode modes[4] = {FATTN_MODE_DECODE, FATTN_MODE_DRAFT_DECODE, FATTN_MODE_TARGET_VERIFY,
+                               FATTN_MODE_DRAFT_EXTEND};
+  static uint16_t eager[CAP * HQ * D], graph[CAP * HQ * D];
+  static float eager_lse[CAP * HQ], graph_lse[CAP * HQ];
+  uint64_t seed = 19;
+  const int reps = getenv("FATTN_TEST_QUICK") ? 2 : 16;
+  for (int m = 0; m < 4; m++) {
+    for (uint32_t b = 1; b <= MAXB; b++) ck_assert_msg(fattn_graph_capture(r.ctx, modes[m], b, layers, &r) == FATTN_OK, "%s", fattn_detail(r.ctx));
+    for (int rep = 0; rep < reps; rep++) {
+      uint32_t ids[128], q[64], opened;
+      uint64_t mask[MAXB * DRAFT];
+      fattn_batch b;
+      uint32_t tokens = make_batch(&r, modes[m], &seed, &b, ids, q, mask, &opened);
+      ck_assert_int_eq(fattn_test_gpu_randn(r.q, (size_t)CAP * HQ * D, FATTN_DTYPE_BF16, 1.0f, seed), 0);
+      ck_assert_int_eq(fattn_test_gpu_randn(r.k, (size_t)CAP * HKV * D, FATTN_DTYPE_BF16, 1.0f, seed + 1), 0);
+      ck_assert_int_eq(fattn_test_gpu_randn(r.v, (size_t)CAP * HKV * D, FATTN_DTYPE_BF16, 1.0f, seed + 2), 0);
+      ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
+      ck_assert_msg(fattn_plan(r.ctx, &b, r.stream) == FATTN_OK, "%s", fattn_detail(r.ctx));
+      layers(&r, r.stream);
+      read_out(&r, eager, eager_lse, tokens);
+      ck_assert_int_eq(fattn_test_gpu_nan(r.out, (size_t)CAP * HQ * D, FATTN_DTYPE_BF16), 0);
+      ck_assert_int_eq(fattn_test_gpu_nan(r.lse, (size_t)CAP * HQ, 0), 0);
+      ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
+      ck_assert_msg(fattn_graph_launch(r.ctx, &b, r.stream) == FATTN_OK, "%s", fattn_detail(r.ctx));
+      read_out(&r, graph, graph_lse, tokens);
+      ck_assert_msg(memcmp(eager, graph, (size_t)tokens * HQ * D * 2) == 0, "mode %d rep %d: O differs", modes[m], rep);
+      ck_assert_msg(memcmp(eager_lse, graph_lse, (size_t)tokens * HQ * 4) == 0, "mode %d rep %d: LSE differs", modes[m], rep);
+      ck_assert_uint_eq(fattn_test_count_nan(eager, (size_t)tokens * HQ * D, FATTN_DTYPE_BF16), 0);
+      for (uint32_t i = 0; i < tokens * HQ; i++) {
+        ck_assert_msg(isfinite(eager_lse[i]), "mode %d rep %d: row %u (sink %g) has LSE %g", modes[m], rep, i,
+                      (double)SINK[i % 4], (double)eager_lse[i]);
+        if (SINK[i % 4] != 150.0f) continue;
+        ck_assert_msg(fabsf(eager_lse[i] - 150.0f) <= 1e-3f, "mode %d rep %d: row %u has LSE %g under a sink of 150",
+                      modes[m], rep, i, (double)eager_lse[i]);
+        for (uint32_t c = 0; c < D; c++)
+          ck_assert_msg(fabsf(fattn__bf16_to_f32(eager[(size_t)i * D + c])) <= 1e-6f,
+                        "mode %d rep %d: row %u under a sink of 150 has O[%u] = %g", modes[m], rep, i, c,
+                        (double)fattn__bf16_to_f32(eager[(size_t)i * D + c]));
+      }
+      for (uint32_t i = 0; i < opened; i++) ck_assert_ok(fattn_seq_close(r.ctx, ids[64 + i]));
+    }
+  }
+  ck_assert_ok(fattn_check(r.ctx));
+  close_rig(&r);
+}
+END_TEST
+
 /* A captured body that synchronises or allocates fails the capture with a clear error. */
 START_TEST(capture_that_syncs_or_allocates_fails) {
   rig r;
-  open_rig(&r, MAXB, CAP);
+  open_rig(&r, MAXB, CAP, NULL);
   r.sync_inside = 1;
   ck_assert_status(fattn_graph_capture(r.ctx, FATTN_MODE_DECODE, 4, layers, &r), FATTN_ERR_CUDA);
   ck_assert_msg(strstr(fattn_detail(r.ctx), "must not allocate or synchronise"), "%s", fattn_detail(r.ctx));
@@ -218,7 +278,7 @@ START_TEST(back_to_back_replays_share_a_mailbox) {
   enum { BS = 4 };
   const int reps = getenv("FATTN_TEST_QUICK") ? 8 : 64; /* under compute-sanitizer: racecheck was killed at 64 */
   rig r;
-  open_rig(&r, MAXB, CAP);
+  open_rig(&r, MAXB, CAP, NULL);
   ck_assert_ok(fattn_graph_capture(r.ctx, FATTN_MODE_DECODE, BS, layers, &r));
   uint32_t ids[BS];
   for (uint32_t i = 0; i < BS; i++) {
@@ -275,7 +335,7 @@ END_TEST
 START_TEST(next_kernel_sees_the_whole_output) {
   enum { BS = 256 };
   rig r;
-  open_rig(&r, BS, BS);
+  open_rig(&r, BS, BS, NULL);
   void *copy;
   const size_t bytes = (size_t)BS * HQ * D * 2;
   ck_assert_int_eq(cudaMalloc(&copy, bytes), cudaSuccess);
@@ -324,7 +384,7 @@ END_TEST
  * (the deep decode kind) equal a step whose inputs were copied before it, bit for bit. */
 START_TEST(inputs_written_late_by_a_released_kernel) {
   rig r;
-  open_rig(&r, MAXB, CAP);
+  open_rig(&r, MAXB, CAP, NULL);
   for (int i = 0; i < 3; i++) ck_assert_int_eq(cudaMalloc(&r.stage[i], (size_t)CAP * (i ? HKV : HQ) * D * 2), cudaSuccess);
   static uint16_t want[CAP * HQ * D], eager[CAP * HQ * D], graph[CAP * HQ * D];
   static float want_lse[CAP * HQ], eager_lse[CAP * HQ], graph_lse[CAP * HQ];
@@ -388,7 +448,7 @@ END_TEST
  * plan reports each mode's graph memory. */
 START_TEST(capture_every_default_bucket) {
   rig r;
-  open_rig(&r, 256, 256 * (DRAFT + 1));
+  open_rig(&r, 256, 256 * (DRAFT + 1), NULL);
   const fattn_mode modes[4] = {FATTN_MODE_DECODE, FATTN_MODE_DRAFT_DECODE, FATTN_MODE_TARGET_VERIFY,
                                FATTN_MODE_DRAFT_EXTEND};
   int captured = 0;
@@ -403,7 +463,7 @@ START_TEST(capture_every_default_bucket) {
   ck_assert_int_eq(captured, 4 * 36);
   fattn_config c;
   fattn_model mo;
-  rig_config(&c, &mo, 256, 256 * (DRAFT + 1));
+  rig_config(&c, &mo, 256, 256 * (DRAFT + 1), NULL);
   fattn_memory_report rep = FATTN_MEMORY_REPORT_INIT;
   ck_assert_msg(fattn_memory_plan(&c, &mo, &rep, detail, sizeof detail) == FATTN_OK, "%s", detail);
   for (int m = 0; m < 4; m++) ck_assert_msg(rep.graph_bytes_per_mode[modes[m]] > 0, "mode %d: no graph bytes", modes[m]);
@@ -414,4 +474,4 @@ END_TEST
 
 FATTN_SUITE("gpu_graph", FATTN_TEST_GPU, replay_equals_eager_every_mode, capture_that_syncs_or_allocates_fails,
             back_to_back_replays_share_a_mailbox, next_kernel_sees_the_whole_output,
-            inputs_written_late_by_a_released_kernel, capture_every_default_bucket)
+            inputs_written_late_by_a_released_kernel, capture_every_default_bucket, sinks_far_from_scores_replay)

@@ -139,6 +139,36 @@ static double e4m3_half_ulp(double a) {
   return ldexp(1.0, (int)floor(log2(a)) - 4);
 }
 
+/* A sink far above the scores: one head, d 64, one slot whose score is exactly -90 (Q 2.5, K
+ * -4.5, scale 1/8), so that exp(score - sink) is below float's range. The LSE is log(e^-90 +
+ * e^sink) and O is V times the slot's share, each within 1e-6 of the long double value (of
+ * its magnitude where above 1); the sinks far below and absent leave the lone slot's softmax. */
+START_TEST(sinks_far_from_lone_score) {
+  ref_seed = 12;
+  fx f;
+  fx_init(&f, (shape){.qh = 1, .kvh = 1, .d = 64, .ps = 16, .len = 16});
+  float q[64], k[64], *v = rnd(64);
+  for (int c = 0; c < 64; c++) q[c] = 2.5f, k[c] = -4.5f;
+  fx_fill(&f, 0, 0, 1, k, v);
+  fx_add(&f, 0, 1, 1, 0);
+  fx_plan(&f, FATTN_MODE_DECODE);
+  ck_assert_double_eq(qk(&f, q, k), -90.0);
+  const float sinks[4] = {0.0f, 10.0f, -190.0f, -INFINITY};
+  for (int i = 0; i < 4; i++) {
+    f.l.sinks = &sinks[i];
+    res r = fx_run(&f, q, 0, 0);
+    const long double s = sinks[i], lse = logl(expl(-90.0L) + expl(s)), share = expl(-90.0L - lse);
+    ck_close(r.lse64[0], (double)lse, 1e-6);
+    ck_assert(isfinite(r.lse[0]));
+    for (uint32_t c = 0; c < 64; c++) ck_close(r.o[c], (double)(share * v[c]), 1e-6);
+    res_free(&r);
+  }
+  f.l.sinks = NULL;
+  free(v);
+  fx_free(&f);
+}
+END_TEST
+
 START_TEST(fp8_store_round_trip) {
   ref_seed = 6;
   fx f;
@@ -378,6 +408,6 @@ START_TEST(rounded_run_rides_along) {
 END_TEST
 
 FATTN_SUITE("ref", FATTN_TEST_CPU, single_key_gives_v, equal_scores_give_mean,
-            window_zero_sees_itself, softcap_bounds_scores, sinks_join_denominator,
+            window_zero_sees_itself, softcap_bounds_scores, sinks_join_denominator, sinks_far_from_lone_score,
             fp8_store_round_trip, tree_mask_chain_equals_causal, draft_decode_shares_prefix,
             decode_equals_prefill_last_row, split_merge_equals_one_pass, rounded_run_rides_along)

@@ -61,7 +61,7 @@ static inline fa2__args fa2__args_for(const fattn__layer_params &l, const fattn_
   a.q = q;
   a.out = out;
   a.lse = lse;
-  const int f8 = l.kv_dtype == 3u;
+  const int f8 = l.kv_dtype == FATTN_DTYPE_FP8_E4M3;
   a.cap_scale = l.scale * (f8 ? l.k_scale : 1.f);
   a.sl2 = a.cap_scale * FA2__LOG2E;
   a.o_mul = f8 ? (l.mla ? l.k_scale : l.v_scale) : 1.f; /* MLA's V is K's first dims */
@@ -119,13 +119,14 @@ static inline fa2__args fa2__args_for(const fattn__layer_params &l, const fattn_
  * split each KV block by columns, merged at the end. Prefill (BM 64, NW 1): 64 queries of one
  * q head, whole range.
  * K/V blocks of BN slots are gathered row by row from pages with cp.async, ST stages deep;
- * fp8 blocks land raw and are widened in registers after ldmatrix, so they move half the bytes. */
+ * fp8 blocks land raw and are widened in registers after ldmatrix, so they move half the bytes.
+ * TQ: Q's and O's type; KVT: the cache's fattn_dtype. */
 template <int HD, int HDV, int ROWS, int NW, int BN, int ST, typename TQ, int KVT>
 struct fa2__cfg {
   /* mma type: Q's own, except fp8 KV, which widens exactly to fp16 (one cvt per pair on
    * sm_89+) in registers right after ldmatrix; bf16 Q is then narrowed to fp16 as its
    * fragments load (exact for |q| in [2^-14, 65504]). */
-  using T = typename std::conditional<KVT == 3, __half, TQ>::type;
+  using T = typename std::conditional<KVT == FATTN_DTYPE_FP8_E4M3, __half, TQ>::type;
   /* Products transposed for tiles of 8 rows (decode steps of at most 8 packed rows: GQA <= 8
    * at one query): S^T = K Q^T and O^T = V^T P^T put a warp's 16 slots (K) or 16 dims (V) on
    * the mma's 16-row side and the rows on its n = 8 side, so that GQA 4 pads 4 of 8 columns
@@ -137,7 +138,7 @@ struct fa2__cfg {
   static constexpr int NS = TR ? WN / 16 : WN / 8;   /* score tiles a warp */
   static constexpr int NO = TR ? HDV / 16 : HDV / 8; /* output tiles a warp */
   static constexpr int LDQ = HD + 8, LDO = HDV + 4;
-  static constexpr bool CONV = KVT == 3;
+  static constexpr bool CONV = KVT == FATTN_DTYPE_FP8_E4M3;
   static constexpr int KB = CONV ? 1 : 2;
   static constexpr int CK = HD * KB / 16, CV = HDV * KB / 16; /* 16-byte chunks per row */
   static constexpr int Q_BYTES = BM * LDQ * 2;
@@ -609,13 +610,9 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
       *(float4 *)(a.s.split_o + row_o * HDV + c) = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
       if (c == 0) a.s.split_lse[row_o] = lse2 * FA2__LN2;
     } else {
-      if (M != -INFINITY) {
-        float Lt = L + (l.sinks ? exp2f(l.sinks[hq] * FA2__LOG2E - M) : 0.f);
-        inv = a.o_mul / Lt;
-        lse2 = M + log2f(Lt);
-      } else if (l.sinks) {
-        lse2 = l.sinks[hq] * FA2__LOG2E;
-      }
+      const float sink2 = l.sinks ? l.sinks[hq] * FA2__LOG2E : -INFINITY;
+      if (M != -INFINITY) inv = fa2__sink_join<true>(M, L, sink2, a.o_mul, lse2);
+      else lse2 = sink2;
       size_t row_o = (size_t)(e.q_start + t) * l.num_q_heads + hq;
       uint2 pk = make_uint2(fa2__pack<TQ>(acc.x * inv, acc.y * inv), fa2__pack<TQ>(acc.z * inv, acc.w * inv));
       *(uint2 *)((TQ *)a.out + row_o * HDV + c) = pk;
@@ -652,7 +649,7 @@ __global__ void __launch_bounds__(fa2__cfg<HD, HDV, ROWS, NW, BN, ST, T, KVT>::N
     if (early) e = fa2__entry(a.s.entries + ei);
     if (ei < n) {
       if (!early) e = a.s.entries[ei];
-      const bool tree = ld(&hdr->mode) == 3u && e.mask_row != UINT32_MAX && a.s.mask;
+      const bool tree = ld(&hdr->mode) == FATTN_MODE_TARGET_VERIFY && e.mask_row != UINT32_MAX && a.s.mask;
       const uint32_t ntile = (e.q_len * G + BM - 1u) / BM, nsp = e.num_splits > 1u ? e.num_splits : 1u;
       for (uint32_t rt = blockIdx.z; rt < ntile; rt += gridDim.z)
         for (uint32_t sp = blockIdx.y; sp < nsp; sp += gridDim.y)
@@ -666,7 +663,7 @@ __global__ void __launch_bounds__(fa2__cfg<HD, HDV, ROWS, NW, BN, ST, T, KVT>::N
     const uint32_t b = blockIdx.x;
     if (b >= hdr->num_tiles || n == 0u) return;
     const fattn__entry e = a.s.entries[fa2__find(a.s.entries, n, b)];
-    const bool tree = hdr->mode == 3u && e.mask_row != UINT32_MAX && a.s.mask;
+    const bool tree = hdr->mode == FATTN_MODE_TARGET_VERIFY && e.mask_row != UINT32_MAX && a.s.mask;
     fa2__work<HD, HDV, ROWS, NW, BN, ST, T, KVT>(a, e, causal, tree, blockIdx.y, 1u,
                                                  (b - e.tile_start) * (uint32_t)C::BM, 0u, false, false, smem);
   }
@@ -688,14 +685,14 @@ static int fa2__go(const fa2__args *a, dim3 grid, cudaStream_t st) {
 /* One tile shape's kernels for the step's Q and KV types (F8: with an fp8 KV instance). */
 template <int HD, int HDV, int ROWS, int NW, int BN, int ST, bool F8>
 static int fa2__go_types(const fa2__args *a, dim3 grid, cudaStream_t st) {
-  const bool bf = a->l.q_dtype == 1u;
+  const bool bf = a->l.q_dtype == FATTN_DTYPE_BF16;
   if constexpr (F8) {
-    if (a->l.kv_dtype == 3u)
-      return bf ? fa2__go<HD, HDV, ROWS, NW, BN, ST, __nv_bfloat16, 3>(a, grid, st)
-                : fa2__go<HD, HDV, ROWS, NW, BN, ST, __half, 3>(a, grid, st);
+    if (a->l.kv_dtype == FATTN_DTYPE_FP8_E4M3)
+      return bf ? fa2__go<HD, HDV, ROWS, NW, BN, ST, __nv_bfloat16, FATTN_DTYPE_FP8_E4M3>(a, grid, st)
+                : fa2__go<HD, HDV, ROWS, NW, BN, ST, __half, FATTN_DTYPE_FP8_E4M3>(a, grid, st);
   }
-  return bf ? fa2__go<HD, HDV, ROWS, NW, BN, ST, __nv_bfloat16, 1>(a, grid, st)
-            : fa2__go<HD, HDV, ROWS, NW, BN, ST, __half, 2>(a, grid, st);
+  return bf ? fa2__go<HD, HDV, ROWS, NW, BN, ST, __nv_bfloat16, FATTN_DTYPE_BF16>(a, grid, st)
+            : fa2__go<HD, HDV, ROWS, NW, BN, ST, __half, FATTN_DTYPE_FP16>(a, grid, st);
 }
 
 /* The kernels of one head-dim pair: {decode (16 or, transposed, 8 rows; deep or not), prefill,
@@ -703,7 +700,7 @@ static int fa2__go_types(const fa2__args *a, dim3 grid, cudaStream_t st) {
 template <int HD, int HDV>
 static int fa2__launch(const fa2__args *a, int kind, dim3 grid, cudaStream_t st) {
   constexpr int DST = HD <= 128 ? FA2_DEC_ST : 2, PBN = HD <= 128 ? 64 : 32, DNW = FA2_DEC_NW, DBN = FA2_DEC_BN;
-  const bool f8 = a->l.kv_dtype == 3u, narrow = (kind & FA2__NARROW) != 0;
+  const bool f8 = a->l.kv_dtype == FATTN_DTYPE_FP8_E4M3, narrow = (kind & FA2__NARROW) != 0;
   kind &= ~FA2__NARROW;
   if constexpr (HD <= 128) {
     if (kind == FA2__KIND_DEEP && !f8)

@@ -6,8 +6,8 @@ extern "C" int fattn__fa2_supports(const fattn__layer_params *l) {
   uint32_t d = l->head_dim, dv = l->head_dim_v;
   int dims = (d == 64u || d == 96u || d == 128u || d == 192u || d == 256u) &&
              (dv == d || (d == 192u && dv == 128u));
-  int types = (l->q_dtype == 1u || l->q_dtype == 2u) &&
-              (l->kv_dtype == l->q_dtype || l->kv_dtype == 3u);
+  int types = (l->q_dtype == FATTN_DTYPE_BF16 || l->q_dtype == FATTN_DTYPE_FP16) &&
+              (l->kv_dtype == l->q_dtype || l->kv_dtype == FATTN_DTYPE_FP8_E4M3);
   int ps = l->page_size >= 1u && l->page_size <= 256u && (l->page_size & (l->page_size - 1u)) == 0u;
   int heads = l->num_kv_heads > 0u && l->num_q_heads % l->num_kv_heads == 0u;
   int mla = !l->mla || l->num_kv_heads == 1u;
@@ -63,17 +63,15 @@ __device__ __forceinline__ void fa2__merge_few(const fa2__args &a, const fattn__
     for (uint32_t j = 0; j < B; j++) M = j < ns ? fmaxf(M, x[r][j]) : M;
     const uint32_t hq = hq0 + r;
     seen[r] = M != -INFINITY;
-    float L = 0.f, row_lse = a.l.sinks && r < nr ? a.l.sinks[hq] : -INFINITY;
+    const float sink = a.l.sinks && r < nr ? a.l.sinks[hq] : -INFINITY;
+    float L = 0.f, row_lse = sink; /* a row that sees nothing: LSE = sink or -inf */
 #pragma unroll
     for (uint32_t j = 0; j < B; j++) {
       x[r][j] = j < ns && seen[r] ? expf(x[r][j] - M) : 0.f;
       L += x[r][j];
     }
-    if (seen[r]) {
-      if (a.l.sinks && r < nr) L += expf(a.l.sinks[hq] - M);
-      row_lse = M + logf(L);
-    }
-    inv[r] = seen[r] ? a.o_mul / L : 0.f;
+    inv[r] = 0.f;
+    if (seen[r]) inv[r] = fa2__sink_join<false>(M, L, sink, a.o_mul, row_lse);
     if (a.lse && lane == 0u && r < nr) a.lse[(size_t)(e.q_start + t) * qh + hq] = row_lse;
   }
   for (uint32_t c = c0; c < dv; c += 128u) {
@@ -99,11 +97,13 @@ __device__ __forceinline__ void fa2__merge_few(const fa2__args &a, const fattn__
   }
 }
 
-/* One row's scale from its split LSEs (split s at lse[s * qh]): m the largest (-inf: the row
- * sees nothing) and l the sum of exp(lse_s - m) with the sink's term, split s on lane s % 32,
- * then a butterfly; every warp that asks gets the same bits. */
-__device__ __forceinline__ void fa2__row_scale(const float *lse, uint32_t qh, uint32_t ns, const float *sink,
-                                               float &m, float &l) {
+/* One row's scale from its split LSEs (split s at lse[s * qh]) and its sink (-INFINITY: none):
+ * m the largest split LSE (-inf: the row sees nothing), which the splits' weights exp(lse_s - m)
+ * are taken against; inv, o_mul over the denominator with the sink's term (fa2__sink_join; 0
+ * where the row sees nothing); row_lse, the row's LSE (the sink's where it sees nothing). The
+ * sum is split s on lane s % 32, then a butterfly; every warp that asks gets the same bits. */
+__device__ __forceinline__ void fa2__row_scale(const float *lse, uint32_t qh, uint32_t ns, float sink, float o_mul,
+                                               float &m, float &inv, float &row_lse) {
   float M = -INFINITY, L = 0.f; /* this lane's splits, then the warp's */
   for (uint32_t s = threadIdx.x & 31u; s < ns; s += 32u) {
     const float ls = lse[(size_t)s * qh], mm = fmaxf(M, ls);
@@ -116,8 +116,8 @@ __device__ __forceinline__ void fa2__row_scale(const float *lse, uint32_t qh, ui
   L = M == -INFINITY || Mw == -INFINITY ? 0.f : L * expf(M - Mw);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
-  if (sink && Mw != -INFINITY) L += expf(*sink - Mw);
-  m = Mw, l = L;
+  m = Mw, inv = 0.f, row_lse = sink;
+  if (Mw != -INFINITY) inv = fa2__sink_join<false>(Mw, L, sink, o_mul, row_lse);
 }
 
 /* The LSEs and this lane's 4 dims at c of chunks k and k + stride, one batch of loads (past ns
@@ -176,18 +176,16 @@ __device__ __forceinline__ void fa2__merge_landed(const fa2__args &a, const fatt
   };
   const uint32_t c0 = lane * 4u; /* this lane's first 4 dims; lanes past dv have none */
   if (c0 < dv) fetch(0u, c0); /* in flight with the LSE pass: one round trip, not two */
-  const float *sink = a.l.sinks ? a.l.sinks + hq : nullptr;
-  float m, l;
-  fa2__row_scale(lse, qh, ns, sink, m, l);
+  float m, inv, row_lse;
+  fa2__row_scale(lse, qh, ns, a.l.sinks ? a.l.sinks[hq] : -INFINITY, a.o_mul, m, inv, row_lse);
   const size_t orow = (size_t)(e.q_start + t) * qh + hq;
   T *out = (T *)a.out + orow * dv;
-  if (a.lse && lane == 0u) a.lse[orow] = m != -INFINITY ? m + logf(l) : sink ? *sink : -INFINITY;
+  if (a.lse && lane == 0u) a.lse[orow] = row_lse;
   if (m == -INFINITY) { /* a row that sees nothing: O = 0 */
     fa2__wait<0>(); /* the next row lands where this one's copies go */
     for (uint32_t c = c0; c < dv; c += 128u) *(uint2 *)(out + c) = make_uint2(0u, 0u);
     return;
   }
-  const float inv = a.o_mul / l;
   for (uint32_t c = c0; c < dv; c += 128u) {
     float4 total = make_float4(0.f, 0.f, 0.f, 0.f);
     for (uint32_t s0 = 0; s0 < ns; s0 += B) {
@@ -234,12 +232,11 @@ __device__ __forceinline__ void fa2__merge_chunks(const fa2__args &a, const fatt
   const uint32_t c0 = lane * 4u; /* this lane's first 4 dims; lanes past dv have none */
   fa2__batch b;
   if (part < chunks) fa2__batch_load(b, lse, po, qh, dv, ns, part, P, c0);
-  const float *sink = a.l.sinks ? a.l.sinks + hq : nullptr;
-  float m, l;
-  fa2__row_scale(lse, qh, ns, sink, m, l);
+  float m, inv, row_lse;
+  fa2__row_scale(lse, qh, ns, a.l.sinks ? a.l.sinks[hq] : -INFINITY, a.o_mul, m, inv, row_lse);
   const size_t orow = (size_t)(e.q_start + t) * qh + hq;
   T *out = (T *)a.out + orow * dv;
-  if (a.lse && part == 0u && lane == 0u) a.lse[orow] = m != -INFINITY ? m + logf(l) : sink ? *sink : -INFINITY;
+  if (a.lse && part == 0u && lane == 0u) a.lse[orow] = row_lse;
   if (m == -INFINITY) { /* a row that sees nothing: O = 0 (every part returns here alike) */
     if (part == 0u)
       for (uint32_t c = c0; c < dv; c += 128u) *(uint2 *)(out + c) = make_uint2(0u, 0u);
@@ -254,7 +251,6 @@ __device__ __forceinline__ void fa2__merge_chunks(const fa2__args &a, const fatt
       if (k + P < chunks) *(float4 *)(csum + (k + P) * dv + c) = sum[1];
     }
   __syncthreads();
-  const float inv = a.o_mul / l;
   for (uint32_t d = threadIdx.x * 2u; d < dv; d += 2u * blockDim.x) {
     float2 total = make_float2(0.f, 0.f);
     for (uint32_t k = 0; k < chunks; k++) {
@@ -383,7 +379,7 @@ extern "C" int fattn__fa2_attend(fattn__layer_params l, fattn__step_params s, co
   const uint32_t rpw = rows > round ? FA2__FEW_ROWS : 1u;
   const uint32_t warps = s.cap_entries * qpe * ((l.num_q_heads + rpw - 1u) / rpw) * wpr;
   const uint32_t smem = wpr > 1u ? csum : 0u;
-  const bool bf16 = l.q_dtype == 1u;
+  const bool bf16 = l.q_dtype == FATTN_DTYPE_BF16;
   auto combine = wpr > 1u ? (bf16 ? fa2__combine<__nv_bfloat16, true> : fa2__combine<__half, true>)
                           : (bf16 ? fa2__combine<__nv_bfloat16, false> : fa2__combine<__half, false>);
   return (int)fattn__launch(combine, dim3((warps + 3u) / 4u), dim3(128), smem, st, a, qpe, rpw, smem / 4u);

@@ -1,5 +1,5 @@
 /* fa2_ops.h: device helpers of the portable sm_80+ kernels (fa2, and fa3's fallbacks): cp.async,
- * ldmatrix, mma.sync and movmatrix, fp8 widening, warp reductions, visibility, row copies. */
+ * ldmatrix, mma.sync and movmatrix, fp8 widening, a row's sink, warp reductions, visibility, row copies. */
 #ifndef FATTN_ATTN_FA2_FA2_OPS_H
 #define FATTN_ATTN_FA2_FA2_OPS_H
 #ifdef __CUDACC__
@@ -95,6 +95,23 @@ __device__ __forceinline__ float fa2__exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
+}
+
+/* A row's softmax denominator with its sink, where m is the largest score the row sees (finite),
+ * l the sum of exp(x - m) over its scores and s the sink (-INFINITY: none), all in log2 units
+ * where BASE2, else natural ones. The sum is taken against max(m, s): against m the sink's term
+ * exp(s - m) overflows float once s passes m by 88 (128 in log2 units), and the LSE with it,
+ * which whatever merges by LSE turns into NaN. Where s <= m the sum is l plus the sink's term, so
+ * a row without a sink keeps l's bits. Sets lse, the row's LSE, and returns o_mul times the factor
+ * that turns the row's sums of exp(x - m) V into its O: 0 where the sink outweighs every score
+ * past float's range, as O then is. */
+template <bool BASE2>
+__device__ __forceinline__ float fa2__sink_join(float m, float l, float s, float o_mul, float &lse) {
+  const float top = fmaxf(m, s);
+  const float em = top == m ? 1.f : BASE2 ? exp2f(m - top) : expf(m - top);
+  const float sum = l * em + (BASE2 ? exp2f(s - top) : expf(s - top));
+  lse = top + (BASE2 ? log2f(sum) : logf(sum));
+  return o_mul * em / sum;
 }
 
 /* Max and sum over the lanes that differ from this one in lane-index bits LO..HI (powers of

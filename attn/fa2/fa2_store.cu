@@ -3,7 +3,7 @@
 #include "attn/fa2/fa2.h"
 
 __device__ __forceinline__ float fa2__ld(const void *p, size_t i, uint32_t dt) {
-  if (dt == 1u) return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+  if (dt == FATTN_DTYPE_BF16) return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
   return __half2float(((const __half *)p)[i]);
 }
 
@@ -50,7 +50,7 @@ __global__ void __launch_bounds__(256) fa2__store(const fattn__layer_params l, c
     const uint4 in = *(const uint4 *)src;
     if (l.kv_dtype == l.q_dtype) {
       *(uint4 *)(pool + di * 2u) = in;
-    } else if (l.kv_dtype == 3u) {
+    } else if (l.kv_dtype == FATTN_DTYPE_FP8_E4M3) {
       const float sc = isk ? l.k_scale : l.v_scale;
       uint8_t b[8];
 #pragma unroll
@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(256) fa2__store(const fattn__layer_params l, c
 #pragma unroll
       for (int i = 0; i < 4; i++) {
         float x = fa2__ld(&in, 2 * i, l.q_dtype), y = fa2__ld(&in, 2 * i + 1, l.q_dtype);
-        w[i] = l.kv_dtype == 1u ? fa2__pack<__nv_bfloat16>(x, y) : fa2__pack<__half>(x, y);
+        w[i] = l.kv_dtype == FATTN_DTYPE_BF16 ? fa2__pack<__nv_bfloat16>(x, y) : fa2__pack<__half>(x, y);
       }
       *(uint4 *)(pool + di * 2u) = make_uint4(w[0], w[1], w[2], w[3]);
     }
