@@ -1,10 +1,9 @@
 /* fa3_epilogue.h: the epilogue of the Hopper kernels: a consumer's finished rows of O, scaled
- * by the row's end (1 / l, sinks, fp8's V scale), and their LSE, stored from the fragments. */
+ * by 1 / l with the sink's mass and fp8's V scale, and their LSE, stored from the fragments. */
 #ifndef FATTN_ATTN_FA3_FA3_EPILOGUE_H
 #define FATTN_ATTN_FA3_FA3_EPILOGUE_H
 
 #include "attn/fa3/fa3_sched.h"
-#include "attn/fa3/fa3_softmax.h"
 
 #ifdef __CUDACC__
 
@@ -27,15 +26,17 @@ __device__ __forceinline__ void fa3__store_o(const fa3__args &a, const fa3__tile
     const uint32_t q = R0 + warp * 16u + g + 8u * h;
     const float L = fa2__lanes_sum<1, 2>(l_rows[h]);
     if (q >= t.e.q_len) continue;
+    /* A row that sees nothing: O = 0, LSE = the sink or -inf. */
     const float s2 = l.sinks ? l.sinks[t.hq] * FA2__LOG2E : -INFINITY;
-    const fa3__row_end end = fa3__row_finish(m[h], L, s2, a.k.o_mul);
+    float lse2 = s2, inv = 0.f;
+    if (m[h] != -INFINITY) inv = fa2__sink_join<true>(m[h], L, s2, a.k.o_mul, lse2);
     const size_t row_o = (size_t)(t.e.q_start + q) * l.num_q_heads + t.hq;
     uint32_t *dst = (uint32_t *)((uint16_t *)a.k.out + row_o * dv + 2u * c4);
 #pragma unroll
     for (int i = 0; i < DV / 8; i++)
       if (8u * i < dv) /* d 96: the upper dims are padding */
-        dst[4 * i] = fa3__out_pair<T, F8>(o[4 * i + 2 * h] * end.inv, o[4 * i + 2 * h + 1] * end.inv, l.q_dtype);
-    if (a.k.lse && c4 == 0u) a.k.lse[row_o] = end.lse2 * FA2__LN2;
+        dst[4 * i] = fa3__out_pair<T, F8>(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv, l.q_dtype);
+    if (a.k.lse && c4 == 0u) a.k.lse[row_o] = lse2 * FA2__LN2;
   }
 }
 

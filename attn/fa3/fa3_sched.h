@@ -29,22 +29,31 @@ typedef struct fa3__item {
   uint32_t w, ei;
 } fa3__item;
 
-/* The order of the work items: w is (planner tile b, q head hq), the largest tile index first
- * (causal tiles with most KV go first), the q heads of a tile side by side. */
-__device__ __forceinline__ uint32_t fa3__item_tile(const fa3__args &a, uint32_t w, uint32_t num_tiles) {
-  return num_tiles - 1u - w / a.k.l.num_q_heads;
+/* The order of the work items. Item w is (planner tile b, q head hq). The q heads are taken in
+ * passes of whole kv-head groups, each pass walking its tiles from the largest index down
+ * (causal tiles with most KV first) with the pass's q heads side by side, so that the blocks at
+ * work at once read the KV of few heads, which then stays in L2 (FlashAttention-3 groups its
+ * heads for L2 likewise; docs/credits.md). Non-causal tiles all cost the same, so a pass is
+ * one kv head's q heads; a causal pass holds at least 16 items a block, so that its longest
+ * tile, claimed last of the pass, still ends with the rest of the work. */
+__device__ __forceinline__ uint32_t fa3__item_at(const fa3__args &a, uint32_t w, uint32_t num_tiles, uint32_t *hq) {
+  const uint32_t qh = a.k.l.num_q_heads, nkv = a.k.l.num_kv_heads, G = qh / nkv;
+  uint32_t kv_pass = 1u;
+  if (a.k.s.hdr->causal) kv_pass = min(nkv, (16u * gridDim.x + num_tiles * G - 1u) / (num_tiles * G));
+  const uint32_t heads = kv_pass * G, pass = w / (heads * num_tiles), r = w - pass * heads * num_tiles;
+  const uint32_t in_pass = min(heads, qh - pass * heads);
+  *hq = pass * heads + r % in_pass;
+  return num_tiles - 1u - r / in_pass;
 }
-__device__ __forceinline__ uint32_t fa3__item_head(const fa3__args &a, uint32_t w) { return w % a.k.l.num_q_heads; }
 
 /* Work item w of entry ei, made into its tile: rows, head and KV blocks. */
 template <int BN>
 __device__ __forceinline__ void fa3__tile_of(const fa3__args &a, uint32_t w, uint32_t ei, uint32_t num_tiles,
                                              fa3__tile *t) {
   const fattn__step_hdr *hdr = a.k.s.hdr;
-  const uint32_t b = fa3__item_tile(a, w, num_tiles);
+  const uint32_t b = fa3__item_at(a, w, num_tiles, &t->hq);
   t->e = a.k.s.entries[ei];
   const uint32_t local = b - t->e.tile_start;
-  t->hq = fa3__item_head(a, w);
   t->R0 = local * 64u;
   t->tree = hdr->mode == FATTN_MODE_TARGET_VERIFY && t->e.mask_row != UINT32_MAX && a.k.s.mask;
   const uint32_t last = min(t->R0 + 127u, t->e.q_len - 1u);
@@ -70,7 +79,8 @@ static __device__ __noinline__ fa3__item fa3__claim(const fa3__args &a, uint32_t
   for (uint32_t w = k ? gridDim.x + atomicAdd(a.k.s.tile_counter, 1u) : blockIdx.x;;
        w = gridDim.x + atomicAdd(a.k.s.tile_counter, 1u)) {
     if (w >= work) return fa3__item{w, 0u};
-    const uint32_t b = fa3__item_tile(a, w, num_tiles), ei = fa2__find(a.k.s.entries, n, b);
+    uint32_t hq;
+    const uint32_t b = fa3__item_at(a, w, num_tiles, &hq), ei = fa2__find(a.k.s.entries, n, b);
     if (((b - a.k.s.entries[ei].tile_start) & 1u) == 0u) return fa3__item{w, ei}; /* a whole tile starts on an even local index */
   }
 }

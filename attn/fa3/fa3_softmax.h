@@ -1,5 +1,5 @@
-/* fa3_softmax.h: the softmax policies of the Hopper kernels (row max, exps, the factor that
- * rescales O) and the row finalisation shared by all of them (sinks, 1 / l, LSE). */
+/* fa3_softmax.h: the softmax policies of the Hopper kernels: a row's max, its exps and the
+ * factor that rescales O, block by block (the row's end, with sinks, is fa2__sink_join). */
 #ifndef FATTN_ATTN_FA3_FA3_SOFTMAX_H
 #define FATTN_ATTN_FA3_FA3_SOFTMAX_H
 
@@ -83,22 +83,6 @@ template <int BN> struct fa3__softmax_lazy {
     fa3__rows_exp<BN>(s, mul, base, l);
   }
 };
-
-/* How a finished row leaves: O is scaled by inv, LSE is lse2 (log2 units). */
-typedef struct fa3__row_end {
-  float inv, lse2;
-} fa3__row_end;
-
-/* A row's end from its max m and weight sum L (log2 units, the policy's), the sink logit s2
- * in log2 units (-inf without one) and o_mul (fp8's V scale, else 1). The sink joins the
- * denominator relative to the larger of m and s2, so a sink far above every score the row
- * sees gives LSE near s2 and O near 0 instead of an overflowing exp. A row that sees nothing
- * gets O = 0 and LSE = s2. */
-__device__ __forceinline__ fa3__row_end fa3__row_finish(float m, float L, float s2, float o_mul) {
-  if (m == -INFINITY) return fa3__row_end{0.f, s2};
-  const float base = fmaxf(m, s2), rows = exp2f(m - base), total = L * rows + exp2f(s2 - base);
-  return fa3__row_end{o_mul * rows / total, base + log2f(total)};
-}
 
 #endif /* __CUDACC__ */
 #endif /* FATTN_ATTN_FA3_FA3_SOFTMAX_H */
