@@ -238,8 +238,10 @@ fattn_status fattn_seq_close(fattn_ctx *ctx, uint32_t seq) {
 }
 
 fattn_status fattn_seq_length(const fattn_ctx *ctx, uint32_t seq, uint32_t *num_tokens) {
-  if (!ctx || !num_tokens) return FATTN_ERR_INVALID;
-  if (seq >= ctx->pages.max_seqs || !ctx->pages.seqs[seq].open) return FATTN_ERR_NOT_FOUND;
+  if (!ctx) return FATTN_ERR_INVALID;
+  if (!num_tokens) return fattn__fail(ctx, FATTN_ERR_INVALID, "fattn_seq_length: num_tokens must not be NULL");
+  if (seq >= ctx->pages.max_seqs || !ctx->pages.seqs[seq].open)
+    return fattn__fail(ctx, FATTN_ERR_NOT_FOUND, "fattn_seq_length: sequence %u is not open", seq);
   *num_tokens = ctx->pages.seqs[seq].len;
   return FATTN_OK;
 }

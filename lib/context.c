@@ -238,12 +238,20 @@ const char *fattn_detail(const fattn_ctx *ctx) { return ctx ? ctx->detail : "no 
 const fattn_memory_report *fattn_ctx_memory(const fattn_ctx *ctx) { return ctx ? &ctx->report : NULL; }
 
 fattn_backend fattn_ctx_backend(const fattn_ctx *ctx, fattn_mode mode) {
-  if (!ctx || mode < FATTN_MODE_PREFILL || mode > FATTN_MODE_COUNT) return FATTN_BACKEND_AUTO;
+  if (!ctx) return FATTN_BACKEND_AUTO;
+  if (mode < FATTN_MODE_PREFILL || mode > FATTN_MODE_COUNT) {
+    fattn__fail(ctx, FATTN_ERR_INVALID, "fattn_ctx_backend: mode %d: unknown", mode);
+    return FATTN_BACKEND_AUTO;
+  }
   return ctx->backend[mode];
 }
 
 fattn_status fattn_get_stats(const fattn_ctx *ctx, fattn_stats *s) {
-  if (!ctx || !s || s->struct_size < sizeof(fattn_stats)) return FATTN_ERR_INVALID;
+  if (!ctx) return FATTN_ERR_INVALID;
+  if (!s) return fattn__fail(ctx, FATTN_ERR_INVALID, "fattn_get_stats: stats must not be NULL");
+  if (s->struct_size < sizeof(fattn_stats))
+    return fattn__fail(ctx, FATTN_ERR_INVALID, "fattn_get_stats: stats struct_size %u: smaller than %zu",
+                       s->struct_size, sizeof(fattn_stats));
   s->pages_total = ctx->pages.num_pages;
   s->pages_free = ctx->pages.free_top;
   s->seqs_open = fattn__seqs_open(&ctx->pages);

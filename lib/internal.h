@@ -183,8 +183,12 @@ struct fattn_ctx {
   char detail[FATTN__DETAIL_LEN];
 };
 
+/* The context's detail buffer. Every failing call writes it, the const getters included:
+ * a context is never a const object (it lives in the pinned slab), so the cast is defined. */
+static inline char *fattn__detail_buf(const fattn_ctx *ctx) { return (char *)ctx->detail; }
+
 /* Writes the detail message (printf style) and returns status; never allocates. */
-fattn_status fattn__fail(fattn_ctx *ctx, fattn_status status, const char *fmt, ...)
+fattn_status fattn__fail(const fattn_ctx *ctx, fattn_status status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 fattn_status fattn__vfail(char *buf, size_t len, fattn_status status, const char *fmt, va_list ap);
 fattn_status fattn__failbuf(char *buf, size_t len, fattn_status status, const char *fmt, ...)

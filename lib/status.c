@@ -54,10 +54,10 @@ fattn_status fattn__failbuf(char *buf, size_t len, fattn_status status, const ch
   return status;
 }
 
-fattn_status fattn__fail(fattn_ctx *ctx, fattn_status status, const char *fmt, ...) {
+fattn_status fattn__fail(const fattn_ctx *ctx, fattn_status status, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  fattn__vfail(ctx->detail, sizeof ctx->detail, status, fmt, ap);
+  fattn__vfail(fattn__detail_buf(ctx), sizeof ctx->detail, status, fmt, ap);
   va_end(ap);
   return status;
 }

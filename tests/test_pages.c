@@ -153,6 +153,45 @@ START_TEST(caller_owned_pages) {
 }
 END_TEST
 
+/* Each failing call on a context writes its own detail, the const getters included: none may
+ * leave the previous error's text behind. */
+START_TEST(every_failure_writes_its_detail) {
+  open_ctx(4, 16, 0);
+  uint32_t a, len, id;
+  CHECKED(fattn_seq_open(ctx, &a));
+  CHECKED(fattn_seq_reserve(ctx, a, 4));
+  fattn_stats small = FATTN_STATS_INIT;
+  small.struct_size = 0;
+  fattn_batch batch = FATTN_BATCH_INIT;
+#define OWN_DETAIL(call, status, text)                                                           \
+  do {                                                                                           \
+    ck_assert_status(fattn_seq_reserve(ctx, a, 99), FATTN_ERR_INVALID); /* an earlier error */   \
+    ck_assert_status((call), (status));                                                          \
+    ck_assert_msg(strstr(fattn_detail(ctx), text), "%s: detail '%s' lacks '%s'", #call, fattn_detail(ctx), text); \
+  } while (0)
+  OWN_DETAIL(fattn_seq_length(ctx, 99, &len), FATTN_ERR_NOT_FOUND, "fattn_seq_length: sequence 99 is not open");
+  OWN_DETAIL(fattn_seq_length(ctx, a, NULL), FATTN_ERR_INVALID, "fattn_seq_length: num_tokens must not be NULL");
+  OWN_DETAIL(fattn_get_stats(ctx, NULL), FATTN_ERR_INVALID, "fattn_get_stats: stats must not be NULL");
+  OWN_DETAIL(fattn_get_stats(ctx, &small), FATTN_ERR_INVALID, "stats struct_size 0");
+  OWN_DETAIL(fattn_seq_open(ctx, NULL), FATTN_ERR_INVALID, "fattn_seq_open: seq must not be NULL");
+  OWN_DETAIL(fattn_seq_fork(ctx, 99, 0, &id), FATTN_ERR_NOT_FOUND, "fattn_seq_fork: sequence 99");
+  OWN_DETAIL(fattn_seq_truncate(ctx, a, 5), FATTN_ERR_INVALID, "fattn_seq_truncate: num_tokens 5");
+  OWN_DETAIL(fattn_seq_close(ctx, 99), FATTN_ERR_NOT_FOUND, "fattn_seq_close: sequence 99");
+  OWN_DETAIL(fattn_seq_map(ctx, a, 0, 0, NULL), FATTN_ERR_STATE, "fattn_seq_map: needs FATTN_FLAG_CALLER_PAGES");
+  OWN_DETAIL(fattn_plan(ctx, NULL, NULL), FATTN_ERR_INVALID, "batch must not be NULL");
+  OWN_DETAIL(fattn_store_kv(ctx, 0, NULL, NULL, NULL), FATTN_ERR_STATE, "fattn_store_kv: no step planned");
+  OWN_DETAIL(fattn_attend(ctx, 0, NULL, NULL, NULL, NULL), FATTN_ERR_STATE, "fattn_attend: no step planned");
+  OWN_DETAIL(fattn_graph_capture(ctx, FATTN_MODE_DECODE, 1, NULL, NULL), FATTN_ERR_UNSUPPORTED,
+             "fattn_graph_capture: graphs need a CUDA device");
+  OWN_DETAIL(fattn_graph_launch(ctx, &batch, NULL), FATTN_ERR_UNSUPPORTED, "fattn_graph_launch: graphs need");
+  OWN_DETAIL(fattn_destroy(ctx, 0), FATTN_ERR_BUSY, "1 sequences still open");
+  OWN_DETAIL(fattn_ctx_backend(ctx, (fattn_mode)0) == FATTN_BACKEND_AUTO ? FATTN_ERR_INVALID : FATTN_OK,
+             FATTN_ERR_INVALID, "fattn_ctx_backend: mode 0: unknown");
+#undef OWN_DETAIL
+  ck_assert_ok(fattn_destroy(ctx, 1));
+}
+END_TEST
+
 START_TEST(check_catches_corruption) {
   open_ctx(4, 16, 0);
   /* host tables are line-aligned, so no 32-byte sequence record straddles two lines */
@@ -193,4 +232,5 @@ START_TEST(sequence_ids_run_out) {
 END_TEST
 
 FATTN_SUITE("pages", FATTN_TEST_CPU, reserve_truncate_close, errors_leave_state_unchanged,
-            fork_shares_and_copies_on_write, caller_owned_pages, check_catches_corruption, sequence_ids_run_out)
+            fork_shares_and_copies_on_write, caller_owned_pages, every_failure_writes_its_detail,
+            check_catches_corruption, sequence_ids_run_out)
