@@ -173,11 +173,23 @@ static fattn_status check_batch(fattn_ctx *ctx, const fattn_batch *b, uint32_t c
 
 /* Checks every entry and, where `out` is given, writes each one as it passes (one pass over
  * the batch and the sequence records); sums the step's counts into info. */
+/* The duplicate check's stamp for a new pass: one above every stamp a record holds. When the
+ * 32-bit counter wraps, every record's stamp is cleared first (O(max_seqs) once in 2^32 passes,
+ * no allocation): else a record stamped 2^32 passes ago, or never (0), would match. */
+static uint32_t next_plan_stamp(fattn_ctx *ctx) {
+  if (__builtin_expect(++ctx->plan_stamp == 0, 0)) {
+    fattn__seq *seqs = ctx->pages.seqs;
+    for (uint32_t i = 0; i < ctx->pages.max_seqs; i++) seqs[i].stamp = 0;
+    ctx->plan_stamp = 1;
+  }
+  return ctx->plan_stamp;
+}
+
 static inline __attribute__((always_inline)) fattn_status check_entries_as(fattn_ctx *ctx, const fattn_batch *b,
                                                                            plan_info *info, fattn__staged *out,
                                                                            int plain) {
   const fattn_config *c = &ctx->n.cfg;
-  const uint32_t n = info->entries, stamp = ++ctx->plan_stamp;
+  const uint32_t n = info->entries, stamp = next_plan_stamp(ctx);
   const entry_src src = entry_src_of(ctx, b);
   fattn__seq *seqs = ctx->pages.seqs;
   uint64_t q_tokens = 0, new_tokens = 0;

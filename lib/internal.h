@@ -68,7 +68,7 @@ typedef struct fattn__seq {
   uint32_t npages;   /* leading page-table entries mapped */
   uint32_t dirty_lo; /* page-table entries [dirty_lo, dirty_hi) not yet shipped */
   uint32_t dirty_hi;
-  uint32_t stamp;    /* last plan that named it, to find duplicates */
+  uint32_t stamp;    /* last plan pass that named it, to find duplicates; 0: none since the counter wrapped */
   uint32_t shared;   /* entries [0, shared) may be shared with a fork; later ones are its own */
   uint8_t open;
   uint8_t listed;    /* in the dirty list */
@@ -173,7 +173,7 @@ struct fattn_ctx {
   uint32_t ring_next;
   uint64_t staging_waits;
   uint64_t steps_planned;
-  uint32_t plan_stamp;
+  uint32_t plan_stamp;       /* the last duplicate-check stamp (attn/plan.c); never 0 once planned */
   fattn__step step;
   fattn__graph_slot *graphs; /* [FATTN_MODE_COUNT + 1][num_buckets] */
   void *tmaps;               /* [num_layers][K, V] CUtensorMap for fa3's TMA; NULL if unused */

@@ -145,6 +145,38 @@ START_TEST(rejects_bad_batches_unchanged) {
 }
 END_TEST
 
+/* The duplicate check's 32-bit stamp wraps after 2^32 plan passes: then a sequence opened and
+ * never planned, or one planned 2^32 passes before, is no duplicate, and a real one still is. */
+START_TEST(duplicate_check_survives_the_stamp_wrap) {
+  open_ctx(0);
+  uint32_t a = seq_with(4), old = seq_with(4);
+  fattn_batch x = FATTN_BATCH_INIT;
+#define PLAN(n, ...)                                                            \
+  do {                                                                          \
+    const uint32_t ids_[] = {__VA_ARGS__};                                      \
+    x.num_seqs = (n), x.seq_ids = ids_;                                         \
+    ck_assert_msg(fattn_plan(ctx, &x, NULL) == FATTN_OK, "%s", fattn_detail(ctx)); \
+  } while (0)
+  PLAN(1, old); /* stamped with one of the counter's first values */
+  ctx->plan_stamp = UINT32_MAX - 1u;
+  PLAN(1, a); /* the counter's last value */
+  uint32_t fresh = seq_with(4);
+  PLAN(1, fresh); /* the pass that wraps */
+  for (int pass = 0; pass < 3; pass++) PLAN(1, old);
+  PLAN(2, fresh, old);
+  uint32_t twice[2] = {fresh, fresh};
+  x.num_seqs = 2, x.seq_ids = twice;
+  ck_assert_status(fattn_plan(ctx, &x, NULL), FATTN_ERR_INVALID);
+  ck_assert_msg(strstr(fattn_detail(ctx), "appears twice"), "%s", fattn_detail(ctx));
+  ctx->plan_stamp = UINT32_MAX;
+  ck_assert_status(fattn_plan(ctx, &x, NULL), FATTN_ERR_INVALID); /* a duplicate in the wrapping pass */
+  ck_assert_msg(strstr(fattn_detail(ctx), "appears twice"), "%s", fattn_detail(ctx));
+  PLAN(2, a, old);
+#undef PLAN
+  ck_assert_ok(fattn_destroy(ctx, 1));
+}
+END_TEST
+
 /* Token pos of stream seed: the same values whichever sequence holds it. [n, heads, D] bf16 */
 static uint16_t *tokens(uint32_t seed, uint32_t pos, uint32_t n, uint32_t heads) {
   uint16_t *x = malloc((size_t)n * heads * D * 2);
@@ -303,4 +335,4 @@ END_TEST
 
 FATTN_SUITE("plan", FATTN_TEST_CPU, rejects_bad_batches_unchanged, decode_equals_prefill_row,
             fork_copy_on_write_keeps_prefix, draft_decode_equals_decode_per_branch,
-            large_changes_take_several_slots)
+            large_changes_take_several_slots, duplicate_check_survives_the_stamp_wrap)
