@@ -221,18 +221,23 @@ fattn_status fattn_get_stats(const fattn_ctx *ctx, fattn_stats *stats);
  * token slots it covers. Page-table changes are shipped to the device at the next plan. */
 fattn_status fattn_seq_open(fattn_ctx *ctx, uint32_t *seq);
 /* Grows the sequence to num_tokens slots (never shrinks). Out of pages: ERR_CAPACITY and
- * nothing changed. A write slot that lands in a shared page gets a private copy first. */
+ * nothing changed. A write slot that lands in a shared page gets a private copy first.
+ * FATTN_FLAG_CALLER_PAGES: takes no page; num_tokens must lie within the mapped entries
+ * (else ERR_CAPACITY): map first, then reserve. */
 fattn_status fattn_seq_reserve(fattn_ctx *ctx, uint32_t seq, uint32_t num_tokens);
 /* New sequence sharing the first num_tokens slots of src (whole pages by reference). */
 fattn_status fattn_seq_fork(fattn_ctx *ctx, uint32_t src, uint32_t num_tokens, uint32_t *dst);
-/* Shrinks to num_tokens slots, releasing pages past it (rejected draft tokens). */
+/* Shrinks to num_tokens slots, releasing pages past it (rejected draft tokens); caller pages
+ * past it are unmapped, never freed. */
 fattn_status fattn_seq_truncate(fattn_ctx *ctx, uint32_t seq, uint32_t num_tokens);
 /* Releases every page reference and the id. */
 fattn_status fattn_seq_close(fattn_ctx *ctx, uint32_t seq);
 fattn_status fattn_seq_length(const fattn_ctx *ctx, uint32_t seq, uint32_t *num_tokens);
 /* FATTN_FLAG_CALLER_PAGES only: entries [first, first + count) of seq's page table become
- * pages[0..count) (each < num_pages), and the length becomes at least
- * (first + count) * page_size capped at max_seq_len. fattn never frees caller pages. */
+ * pages[0..count) (each < num_pages; first at most the entries mapped: no holes). The length
+ * is unchanged: mapping pages never changes which tokens are visible, only fattn_seq_reserve
+ * and fattn_seq_truncate do (a page re-mapped after a truncate brings no rejected draft slot
+ * back). fattn never frees caller pages. */
 fattn_status fattn_seq_map(fattn_ctx *ctx, uint32_t seq, uint32_t first, uint32_t count,
                            const uint32_t *pages);
 

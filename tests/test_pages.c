@@ -132,22 +132,43 @@ START_TEST(fork_shares_and_copies_on_write) {
 }
 END_TEST
 
+/* The caller's pages: map places them, reserve and truncate alone set the length (mapping
+ * never changes which tokens are visible). */
 START_TEST(caller_owned_pages) {
   open_ctx(4, 16, FATTN_FLAG_CALLER_PAGES);
   uint32_t a, len, pages[3] = {7, 3, 9}, bad = 16;
   CHECKED(fattn_seq_open(ctx, &a));
   ck_assert_uint_eq(free_pages(), 0); /* fattn hands out no pages itself */
-  ASSERT_UNCHANGED(fattn_seq_reserve(ctx, a, 4), FATTN_ERR_STATE);
+  ASSERT_UNCHANGED(fattn_seq_reserve(ctx, a, 4), FATTN_ERR_CAPACITY); /* nothing mapped yet */
+  ck_assert_msg(strstr(fattn_detail(ctx), "maps 0 pages (0 slots), 4 tokens need 1"), "%s", fattn_detail(ctx));
   ASSERT_UNCHANGED(fattn_seq_map(ctx, a, 1, 1, pages), FATTN_ERR_INVALID); /* hole */
   ASSERT_UNCHANGED(fattn_seq_map(ctx, a, 0, 1, &bad), FATTN_ERR_INVALID);
   ASSERT_UNCHANGED(fattn_seq_map(ctx, a, 3, 2, pages), FATTN_ERR_INVALID);
   CHECKED(fattn_seq_map(ctx, a, 0, 3, pages));
   ck_assert_ok(fattn_seq_length(ctx, a, &len));
+  ck_assert_uint_eq(len, 0); /* mapped, not yet visible */
+  ASSERT_UNCHANGED(fattn_seq_reserve(ctx, a, 13), FATTN_ERR_CAPACITY); /* past the 12 mapped slots */
+  CHECKED(fattn_seq_reserve(ctx, a, 12));
+  CHECKED(fattn_seq_reserve(ctx, a, 3)); /* never shrinks */
+  ck_assert_ok(fattn_seq_length(ctx, a, &len));
   ck_assert_uint_eq(len, 12);
   CHECKED(fattn_seq_map(ctx, a, 3, 0, NULL)); /* no pages, none needed (fuzz_pages found the memcpy) */
   ck_assert_ok(fattn_seq_length(ctx, a, &len));
   ck_assert_uint_eq(len, 12);
-  CHECKED(fattn_seq_truncate(ctx, a, 5));
+  /* rejected draft slots stay gone when the scheduler re-maps a page it kept */
+  CHECKED(fattn_seq_truncate(ctx, a, 10));
+  CHECKED(fattn_seq_map(ctx, a, 0, 1, pages));
+  ck_assert_ok(fattn_seq_length(ctx, a, &len));
+  ck_assert_uint_eq(len, 10);
+  CHECKED(fattn_seq_map(ctx, a, 2, 1, &pages[2])); /* the tail page, written afresh */
+  ck_assert_ok(fattn_seq_length(ctx, a, &len));
+  ck_assert_uint_eq(len, 10);
+  CHECKED(fattn_seq_truncate(ctx, a, 5)); /* entries past the 2 pages of 5 tokens are unmapped */
+  ck_assert_uint_eq(ctx->pages.seqs[a].npages, 2);
+  CHECKED(fattn_seq_map(ctx, a, 2, 1, &pages[2]));
+  ck_assert_ok(fattn_seq_length(ctx, a, &len));
+  ck_assert_uint_eq(len, 5);
+  CHECKED(fattn_seq_reserve(ctx, a, 12));
   CHECKED(fattn_seq_close(ctx, a));
   ck_assert_ok(fattn_destroy(ctx, 0));
 }
