@@ -13,6 +13,9 @@ extern "C" {
 #define FATTN_VERSION_MAJOR 0
 #define FATTN_VERSION_MINOR 1
 #define FATTN_VERSION_PATCH 0
+/* One number to compare: major * 10000 + minor * 100 + patch (0.1.0 is 100). */
+#define FATTN_VERSION_NUMBER \
+  (FATTN_VERSION_MAJOR * 10000 + FATTN_VERSION_MINOR * 100 + FATTN_VERSION_PATCH)
 
 /* ---------------------------------------------------------------- status */
 
@@ -40,6 +43,8 @@ typedef enum fattn_status {
 const char *fattn_strerror(fattn_status status);    /* "invalid argument" */
 const char *fattn_status_name(fattn_status status); /* "FATTN_ERR_INVALID" */
 const char *fattn_version(void);                    /* "0.1.0" */
+/* FATTN_VERSION_NUMBER of the library linked, to compare with the header compiled against. */
+int fattn_version_number(void);
 
 /* ----------------------------------------------------------------- enums */
 

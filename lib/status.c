@@ -1,5 +1,5 @@
-/* status.c: status names and messages from the X-macro, the version string, region names,
- * and the fixed-size detail buffer every failing call writes. */
+/* status.c: status names and messages from the X-macro, the version string and number, region
+ * names, and the fixed-size detail buffer every failing call writes. */
 #include <stdio.h>
 
 #include "lib/internal.h"
@@ -32,6 +32,8 @@ const char *fattn_version(void) {
   return FATTN_STR_(FATTN_VERSION_MAJOR) "." FATTN_STR_(FATTN_VERSION_MINOR) "." FATTN_STR_(
       FATTN_VERSION_PATCH);
 }
+
+int fattn_version_number(void) { return FATTN_VERSION_NUMBER; }
 
 const char *fattn_region_name(fattn_region region) {
   static const char *const names[FATTN_REGION_COUNT] = {

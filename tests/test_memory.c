@@ -122,6 +122,14 @@ START_TEST(status_strings) {
   ck_assert_str_eq(fattn_strerror(FATTN_ERR_BUSY), "context still has live sequences");
   ck_assert_str_eq(fattn_strerror((fattn_status)-99), "unknown status");
   ck_assert_str_eq(fattn_version(), "0.1.0");
+  /* the number agrees with the macros and the string, as SQLite's and libuv's do */
+  ck_assert_int_eq(fattn_version_number(), FATTN_VERSION_NUMBER);
+  ck_assert_int_eq(FATTN_VERSION_NUMBER,
+                   FATTN_VERSION_MAJOR * 10000 + FATTN_VERSION_MINOR * 100 + FATTN_VERSION_PATCH);
+  int major = -1, minor = -1, patch = -1;
+  ck_assert_int_eq(sscanf(fattn_version(), "%d.%d.%d", &major, &minor, &patch), 3);
+  ck_assert_int_eq(fattn_version_number(), major * 10000 + minor * 100 + patch);
+  ck_assert_int_eq(FATTN_VERSION_NUMBER, 100);
   ck_assert_str_eq(fattn_region_name(FATTN_REGION_PAGE_TABLE), "page_table");
 }
 END_TEST
