@@ -46,6 +46,14 @@ const char *fattn_version(void);                    /* "0.1.0" */
 /* FATTN_VERSION_NUMBER of the library linked, to compare with the header compiled against. */
 int fattn_version_number(void);
 
+/* Threads, as cuDNN and SQLite's multi-thread mode have it. Distinct contexts may be used from
+ * distinct threads at once. One context is used by one thread at a time: every call taking it,
+ * the const getters included (a failing one writes the context's detail), needs the caller's
+ * exclusion. fattn_strerror, fattn_status_name, fattn_version, fattn_version_number,
+ * fattn_region_name and fattn_memory_plan read no mutable global state: any thread may call
+ * them at any time. fattn_create and fattn_destroy, of distinct contexts, may run at once: the
+ * per-process caches of device facts and kernel attributes are filled idempotently. */
+
 /* ----------------------------------------------------------------- enums */
 
 typedef enum fattn_dtype {
@@ -113,7 +121,8 @@ typedef struct fattn_model {
   float logit_softcap;     /* s = cap * tanh(s / cap) before masking; 0 means none */
   const fattn_layer_opts *layers; /* [num_layers] or NULL; copied at create */
   const float *sinks; /* [num_layers][num_q_heads] logits joining the denominator, or NULL;
-                         copied at create; -INFINITY for a head without a sink */
+                         copied at create; -INFINITY for a head without a sink. The sink's mass
+                         counts in fattn_attend's lse: log(sum_j exp(s_j) + exp(sink)) */
 } fattn_model;
 #define FATTN_MODEL_INIT {sizeof(fattn_model), 0, 0, 0, 0, 0, 0, 0, 0.0f, 0.0f, NULL, NULL}
 
@@ -195,9 +204,12 @@ fattn_status fattn_create(const fattn_config *cfg, const fattn_model *model, fat
 /* NULL is a no-op. With live sequences: FATTN_ERR_BUSY unless force is non-zero. */
 fattn_status fattn_destroy(fattn_ctx *ctx, int force);
 
-/* Detail of the last error on this context: which argument and why. Never NULL. */
+/* Detail of the last failing call on this context: which argument and why. Never NULL. The
+ * pointer is the context's own buffer, valid until fattn_destroy; its text holds until the next
+ * call on the context (copy it to keep it). A NULL ctx gives a static string. */
 const char *fattn_detail(const fattn_ctx *ctx);
-/* The plan the context was created with. */
+/* The plan the context was created with: valid, and unchanged, until fattn_destroy. NULL for a
+ * NULL ctx. */
 const fattn_memory_report *fattn_ctx_memory(const fattn_ctx *ctx);
 /* Backend that runs mode on this context (after AUTO was resolved). */
 fattn_backend fattn_ctx_backend(const fattn_ctx *ctx, fattn_mode mode);
@@ -253,7 +265,8 @@ fattn_status fattn_seq_map(fattn_ctx *ctx, uint32_t seq, uint32_t first, uint32_
  * kv_new_lens[i] in CROSS mode). Tokens are packed entry after entry:
  *   q   [q_tokens, q_heads, head_dim]      out [q_tokens, q_heads, head_dim_v]
  *   k   [new_tokens, kv_heads, head_dim]   v   [new_tokens, kv_heads, head_dim_v]
- *   lse [q_tokens, q_heads] float, natural log
+ *   lse [q_tokens, q_heads] float, natural log of the softmax denominator over the scaled
+ *       (softcapped) logits, the head's sink included: log(sum_j exp(s_j) + exp(sink))
  * DECODE, DRAFT_DECODE: q_lens NULL means 1 each. DRAFT_DECODE lists num_seqs * spec_topk
  * branch sequences, request after request (num_seqs counts requests).
  * TARGET_VERIFY: q_lens NULL means spec_draft_tokens each; tree_mask (spec_topk > 1) is
