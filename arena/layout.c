@@ -77,9 +77,8 @@ fattn_status fattn__layout_compute(const fattn__norm *n, fattn__layout *lay,
   const fattn_model *m = &n->model;
   int ok = 1;
   memset(lay, 0, sizeof *lay);
-  uint64_t rsize = r->struct_size;
   memset(r, 0, sizeof *r);
-  r->struct_size = (uint32_t)rsize;
+  r->struct_size = sizeof *r;
 
   const int mla = m->mla_latent_dim != 0;
   uint64_t k_row = (uint64_t)m->num_kv_heads * m->head_dim * n->kv_elem_bytes;
@@ -180,16 +179,13 @@ fattn_status fattn_memory_plan(const fattn_config *cfg, const fattn_model *model
   if (detail && detail_len) detail[0] = '\0';
   if (!report)
     return fattn__failbuf(detail, detail_len, FATTN_ERR_INVALID, "report must not be NULL");
-  if (report->struct_size < sizeof(fattn_memory_report))
-    return fattn__failbuf(detail, detail_len, FATTN_ERR_INVALID,
-                          "report struct_size %u: smaller than %zu (use FATTN_MEMORY_REPORT_INIT)",
-                          report->struct_size, sizeof(fattn_memory_report));
+  fattn_status st = fattn__abi_check(&fattn__abi_report, report, detail, detail_len);
+  if (st) return st;
   fattn__norm n;
   fattn__layout lay;
-  fattn_status st = fattn__normalize(cfg, model, &n, detail, detail_len);
-  if (st) return st;
-  fattn_memory_report r = *report;
+  if ((st = fattn__normalize(cfg, model, &n, detail, detail_len))) return st;
+  fattn_memory_report r = FATTN_MEMORY_REPORT_INIT;
   st = fattn__layout_compute(&n, &lay, &r, detail, detail_len);
-  if (st == FATTN_OK) *report = r;
+  if (st == FATTN_OK) fattn__abi_write(&fattn__abi_report, report, &r); /* the caller's struct_size bytes */
   return st;
 }

@@ -145,13 +145,21 @@ static fattn_status check_mask(fattn_ctx *ctx, const fattn_batch *b, uint32_t *r
   return FATTN_OK;
 }
 
+fattn_status fattn__batch_in(fattn_ctx *ctx, const fattn_batch *user, fattn_batch *local, const fattn_batch **out) {
+  if (!user) return fattn__fail(ctx, FATTN_ERR_INVALID, "batch must not be NULL");
+  if (user->struct_size == sizeof *user) { /* this library's own, the usual case: read in place */
+    *out = user;
+    return FATTN_OK;
+  }
+  fattn_status st = fattn__abi_check(&fattn__abi_batch, user, ctx->detail, sizeof ctx->detail);
+  if (st) return st;
+  *out = fattn__abi_read(&fattn__abi_batch, user, local);
+  return FATTN_OK;
+}
+
 /* The batch's own checks, before any entry: no state is read but the config's. */
 static fattn_status check_batch(fattn_ctx *ctx, const fattn_batch *b, uint32_t cap_entries, plan_info *info) {
   const fattn_config *c = &ctx->n.cfg;
-  if (!b) return fattn__fail(ctx, FATTN_ERR_INVALID, "batch must not be NULL");
-  if (b->struct_size < sizeof(fattn_batch))
-    return fattn__fail(ctx, FATTN_ERR_INVALID, "batch struct_size %u: smaller than %zu (use FATTN_BATCH_INIT)",
-                       b->struct_size, sizeof(fattn_batch));
   if (b->mode < FATTN_MODE_PREFILL || b->mode > FATTN_MODE_COUNT)
     return fattn__fail(ctx, FATTN_ERR_INVALID, "mode %d: unknown", b->mode);
   if (spec_mode(b->mode) && !c->spec_topk)
@@ -420,8 +428,9 @@ fattn_status fattn__plan_into(fattn_ctx *ctx, const fattn_batch *b, void *stream
   if (!ctx) return FATTN_ERR_INVALID;
   plan_info info;
   uint32_t cap = t->cap_entries ? t->cap_entries : ctx->n.max_entries;
-  fattn_status st = check_batch(ctx, b, cap, &info);
-  if (st) return st;
+  fattn_batch local; /* an older or newer caller's batch, in this library's layout */
+  fattn_status st = fattn__batch_in(ctx, b, &local, &b);
+  if (st || (st = check_batch(ctx, b, cap, &info))) return st;
   uint8_t *slot = NULL;
   uint32_t index = 0;
   if (changes_fit(ctx, t)) { /* entries checked straight into the slot; a rejected batch gives it back */

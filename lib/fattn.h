@@ -96,6 +96,17 @@ typedef enum fattn_mode {
 #define FATTN_MAX_LAYERS 1024
 #define FATTN_MAX_HEADS 1024
 
+/* ----------------------------------------------------- versioned structs */
+
+/* fattn_model, fattn_config, fattn_batch, fattn_stats and fattn_memory_report open with
+ * struct_size, which their *_INIT macro sets to the sizeof the caller was compiled with; new
+ * fields are only ever appended. A smaller struct_size (an older caller) is accepted: the
+ * fields past it take their *_INIT defaults, and an output struct gets only its struct_size
+ * bytes written. A larger one (a newer caller) is accepted while every byte past this
+ * library's struct is zero (a new field left at its default); else FATTN_ERR_INVALID, the
+ * detail naming the struct and the first non-zero byte. struct_size must reach at least the
+ * end of the first field after it, and at most 4096. */
+
 /* --------------------------------------------------------------- model */
 
 /* Per-layer options. A NULL fattn_model.layers means every layer takes the defaults
@@ -175,7 +186,7 @@ typedef enum fattn_region {
 } fattn_region;
 
 typedef struct fattn_memory_report {
-  uint32_t struct_size;
+  uint32_t struct_size; /* sizeof(fattn_memory_report), set by FATTN_MEMORY_REPORT_INIT */
   uint64_t region_bytes[FATTN_REGION_COUNT];
   uint64_t device_bytes;  /* the one device allocation (host memory on the CPU backend) */
   uint64_t pinned_bytes;  /* the one pinned host allocation */
@@ -219,7 +230,7 @@ fattn_backend fattn_ctx_backend(const fattn_ctx *ctx, fattn_mode mode);
 fattn_status fattn_check(fattn_ctx *ctx);
 
 typedef struct fattn_stats {
-  uint32_t struct_size;
+  uint32_t struct_size; /* sizeof(fattn_stats), set by FATTN_STATS_INIT */
   uint32_t pages_total;
   uint32_t pages_free;
   uint32_t seqs_open;

@@ -62,6 +62,29 @@ fattn_status fattn__layout_compute(const fattn__norm *n, fattn__layout *lay,
 /* Bytes of one graph's static area for a bucket of the given requests. */
 uint64_t fattn__graph_area_bytes(const fattn__norm *n, fattn_mode mode, uint32_t requests);
 
+/* lib/abi.c: a versioned public struct (struct_size first) of this library's version. */
+typedef struct fattn__abi {
+  const char *name;     /* "fattn_config", as details name it */
+  const char *init;     /* "FATTN_CONFIG_INIT" */
+  uint32_t size;        /* sizeof in this library */
+  uint32_t min;         /* the smallest struct_size: struct_size and the first field after it */
+  const void *defaults; /* the *_INIT value */
+} fattn__abi;
+
+extern const fattn__abi fattn__abi_config, fattn__abi_model, fattn__abi_batch, fattn__abi_stats,
+    fattn__abi_report;
+
+/* OK for the caller's struct (not NULL) of any version: struct_size at least abi->min, and
+ * past abi->size only bytes of zero; else ERR_INVALID naming the struct (and the first
+ * non-zero byte) in detail. Input and output structs alike. */
+fattn_status fattn__abi_check(const fattn__abi *abi, const void *user, char *detail, size_t detail_len);
+/* A checked caller's struct in this library's layout: user itself when its struct_size is
+ * this library's, else local (abi->size bytes) with the defaults under the caller's bytes. */
+const void *fattn__abi_read(const fattn__abi *abi, const void *user, void *local);
+/* Writes full, this library's layout, into a checked caller's struct up to its struct_size
+ * (never past it); its struct_size stays the caller's. */
+void fattn__abi_write(const fattn__abi *abi, void *user, const void *full);
+
 /* A sequence of the page allocator. */
 typedef struct fattn__seq {
   uint32_t len;      /* token slots covered */
