@@ -110,7 +110,8 @@ START_TEST(plan_rejects_with_detail) {
          "kv_budget_bytes 18446744073709551615 (67108863 pages) x page_bytes 274877906944: the device allocation");
   REJECT((m.num_layers = 1024, m.num_q_heads = 1024, m.num_kv_heads = 1024, m.head_dim = 256, c.page_size = 256,
           c.kv_budget_pages = 4294967294u, c.max_seq_len = 256),
-         FATTN_ERR_OVERFLOW, "kv_budget_pages 4294967294 x page_bytes 274877906944: the K and V pools overflow 64 bits");
+         FATTN_ERR_OVERFLOW,
+         "kv_budget_pages 4294967294 x page_bytes 274877906944: the K and V pools overflow 64 bits");
   REJECT(c.graph_modes = 1u << FATTN_MODE_PREFILL, FATTN_ERR_INVALID, "graph_modes");
   uint32_t buckets[] = {1, 4, 2};
   REJECT((c.num_graph_buckets = 3, c.graph_buckets = buckets), FATTN_ERR_INVALID, "graph_buckets[2] 2");
