@@ -1,11 +1,12 @@
 /* layout.c: the memory plan. A pure function of config and model that places every region
  * of the device allocation and the pinned slab, with overflow-checked size arithmetic. */
+#include <stdio.h>
 #include <string.h>
 
 #include "lib/internal.h"
 
-#define OVERFLOW(what) \
-  fattn__failbuf(detail, detail_len, FATTN_ERR_OVERFLOW, "%s: size arithmetic overflows 64 bits", what)
+/* Each overflow names the fields whose product overflows, with their values. */
+#define OVERFLOW(...) fattn__failbuf(detail, detail_len, FATTN_ERR_OVERFLOW, __VA_ARGS__)
 
 /* a * b * c * d, or 0 with *ok cleared on overflow. */
 static uint64_t mul4(uint64_t a, uint64_t b, uint64_t c, uint64_t d, int *ok) {
@@ -76,15 +77,16 @@ fattn_status fattn__layout_compute(const fattn__norm *n, fattn__layout *lay,
   const fattn_model *m = &n->model;
   int ok = 1;
   memset(lay, 0, sizeof *lay);
-  uint64_t rsize = r->struct_size;
   memset(r, 0, sizeof *r);
-  r->struct_size = (uint32_t)rsize;
+  r->struct_size = sizeof *r;
 
   const int mla = m->mla_latent_dim != 0;
   uint64_t k_row = (uint64_t)m->num_kv_heads * m->head_dim * n->kv_elem_bytes;
   uint64_t v_row = mla ? 0 : (uint64_t)m->num_kv_heads * n->head_dim_v * n->kv_elem_bytes;
   uint64_t page_bytes = mul4(m->num_layers, c->page_size, k_row + v_row, 1, &ok);
-  if (!ok) return OVERFLOW("page bytes");
+  if (!ok)
+    return OVERFLOW("num_layers %u x page_size %u x %llu bytes a token: one page's size overflows 64 bits",
+                    m->num_layers, c->page_size, (unsigned long long)(k_row + v_row));
   uint64_t pages = c->kv_budget_pages ? c->kv_budget_pages : c->kv_budget_bytes / page_bytes;
   uint64_t pps = ((uint64_t)c->max_seq_len + c->page_size - 1) / c->page_size;
   if (pages < pps)
@@ -109,16 +111,32 @@ fattn_status fattn__layout_compute(const fattn__norm *n, fattn__layout *lay,
 
   lay->k_page_bytes = (uint64_t)c->page_size * k_row;
   lay->v_page_bytes = (uint64_t)c->page_size * v_row;
+  /* The pools, and the device allocation they dominate, overflow only with the KV budget. */
   lay->k_layer_bytes = fattn__align_up(mul4(pages, lay->k_page_bytes, 1, 1, &ok), FATTN__ALIGN);
   lay->v_layer_bytes = fattn__align_up(mul4(pages, lay->v_page_bytes, 1, 1, &ok), FATTN__ALIGN);
   uint64_t *rb = r->region_bytes;
   rb[FATTN_REGION_K_POOL] = mul4(lay->k_layer_bytes, m->num_layers, 1, 1, &ok);
   rb[FATTN_REGION_V_POOL] = mul4(lay->v_layer_bytes, m->num_layers, 1, 1, &ok);
+  add(rb[FATTN_REGION_K_POOL], rb[FATTN_REGION_V_POOL], &ok);
+  char budget[64];
+  if (c->kv_budget_pages) snprintf(budget, sizeof budget, "kv_budget_pages %u", c->kv_budget_pages);
+  else
+    snprintf(budget, sizeof budget, "kv_budget_bytes %llu (%llu pages)", (unsigned long long)c->kv_budget_bytes,
+             (unsigned long long)pages);
+  if (!ok)
+    return OVERFLOW("%s x page_bytes %llu: the K and V pools overflow 64 bits", budget,
+                    (unsigned long long)page_bytes);
   rb[FATTN_REGION_PAGE_TABLE] = fattn__align_up(mul4(n->max_seqs, pps, 4, 1, &ok), FATTN__ALIGN);
+  if (!ok)
+    return OVERFLOW("max_seqs %u x max_seq_len %u / page_size %u: the page table overflows 64 bits", n->max_seqs,
+                    c->max_seq_len, c->page_size);
   rb[FATTN_REGION_METADATA] = lay->slot_bytes;
   /* partial O and LSE of every split row, then fa3's two tile-scheduler words */
   rb[FATTN_REGION_SPLIT_WORKSPACE] = fattn__align_up(
       mul4(lay->split_rows_cap, m->num_q_heads, (uint64_t)n->head_dim_v + 1, 4, &ok) + 8u, FATTN__ALIGN);
+  if (!ok)
+    return OVERFLOW("max_splits %u x num_q_heads %u x head_dim_v %u: the split workspace overflows 64 bits",
+                    n->max_splits, m->num_q_heads, n->head_dim_v);
   for (uint32_t mode = 1; mode <= FATTN_MODE_COUNT; mode++) {
     if (!(c->graph_modes & (1u << mode))) continue;
     uint64_t sum = 0;
@@ -127,13 +145,15 @@ fattn_status fattn__layout_compute(const fattn__norm *n, fattn__layout *lay,
     rb[FATTN_REGION_GRAPH_STATIC] += sum;
   }
   rb[FATTN_REGION_MODEL] = fattn__align_up((uint64_t)m->num_layers * m->num_q_heads * 4, FATTN__ALIGN);
-  if (!ok) return OVERFLOW("device regions");
 
   uint64_t off = 0;
   for (int i = 0; i < FATTN_REGION_PINNED_STAGING; i++) {
     lay->dev_off[i] = off;
     off = add(off, rb[i], &ok);
   }
+  if (!ok)
+    return OVERFLOW("%s x page_bytes %llu: the device allocation (the pools and the other regions) overflows 64 "
+                    "bits", budget, (unsigned long long)page_bytes);
   r->device_bytes = off;
 
   uint64_t heap_payload;
@@ -145,7 +165,9 @@ fattn_status fattn__layout_compute(const fattn__norm *n, fattn__layout *lay,
   lay->heap_bytes = fattn__heap_overhead(heap_payload, heap_count);
   rb[FATTN_REGION_PINNED_STAGING] = add(lay->pin_off_heap, lay->heap_bytes, &ok);
   r->pinned_bytes = rb[FATTN_REGION_PINNED_STAGING];
-  if (!ok) return OVERFLOW("pinned slab");
+  if (!ok)
+    return OVERFLOW("staging_slots %u x %llu bytes a slot: the pinned slab overflows 64 bits", n->staging_slots,
+                    (unsigned long long)lay->slot_bytes);
   r->num_pages = lay->num_pages;
   r->pages_per_seq = lay->pages_per_seq;
   r->page_bytes = page_bytes;
@@ -157,16 +179,13 @@ fattn_status fattn_memory_plan(const fattn_config *cfg, const fattn_model *model
   if (detail && detail_len) detail[0] = '\0';
   if (!report)
     return fattn__failbuf(detail, detail_len, FATTN_ERR_INVALID, "report must not be NULL");
-  if (report->struct_size < sizeof(fattn_memory_report))
-    return fattn__failbuf(detail, detail_len, FATTN_ERR_INVALID,
-                          "report struct_size %u: smaller than %zu (use FATTN_MEMORY_REPORT_INIT)",
-                          report->struct_size, sizeof(fattn_memory_report));
+  fattn_status st = fattn__abi_check(&fattn__abi_report, report, detail, detail_len);
+  if (st) return st;
   fattn__norm n;
   fattn__layout lay;
-  fattn_status st = fattn__normalize(cfg, model, &n, detail, detail_len);
-  if (st) return st;
-  fattn_memory_report r = *report;
+  if ((st = fattn__normalize(cfg, model, &n, detail, detail_len))) return st;
+  fattn_memory_report r = FATTN_MEMORY_REPORT_INIT;
   st = fattn__layout_compute(&n, &lay, &r, detail, detail_len);
-  if (st == FATTN_OK) *report = r;
+  if (st == FATTN_OK) fattn__abi_write(&fattn__abi_report, report, &r); /* the caller's struct_size bytes */
   return st;
 }

@@ -113,9 +113,16 @@ fattn_status fattn_seq_reserve(fattn_ctx *ctx, uint32_t seq, uint32_t num_tokens
   if (num_tokens > p->max_seq_len)
     return fattn__fail(ctx, FATTN_ERR_INVALID, "fattn_seq_reserve: num_tokens %u over max_seq_len %u",
                        num_tokens, p->max_seq_len);
-  if (p->caller_owned)
-    return fattn__fail(ctx, FATTN_ERR_STATE, "fattn_seq_reserve: caller-owned pages: use fattn_seq_map");
   if (num_tokens <= s->len) return FATTN_OK;
+  if (p->caller_owned) { /* the caller's pages: the length may grow within the mapped entries only */
+    if (pages_for(p, num_tokens) > s->npages)
+      return fattn__fail(ctx, FATTN_ERR_CAPACITY,
+                         "fattn_seq_reserve: sequence %u maps %u pages (%u slots), %u tokens need %u: map "
+                         "them first (fattn_seq_map)",
+                         seq, s->npages, s->npages * p->page_size, num_tokens, pages_for(p, num_tokens));
+    s->len = num_tokens;
+    return FATTN_OK;
+  }
   uint32_t *row = row_of(p, seq);
   uint32_t need = pages_for(p, num_tokens);
   /* a tail page at or past the `shared` bound is the sequence's own: no table or refcount read */
@@ -238,8 +245,10 @@ fattn_status fattn_seq_close(fattn_ctx *ctx, uint32_t seq) {
 }
 
 fattn_status fattn_seq_length(const fattn_ctx *ctx, uint32_t seq, uint32_t *num_tokens) {
-  if (!ctx || !num_tokens) return FATTN_ERR_INVALID;
-  if (seq >= ctx->pages.max_seqs || !ctx->pages.seqs[seq].open) return FATTN_ERR_NOT_FOUND;
+  if (!ctx) return FATTN_ERR_INVALID;
+  if (!num_tokens) return fattn__fail(ctx, FATTN_ERR_INVALID, "fattn_seq_length: num_tokens must not be NULL");
+  if (seq >= ctx->pages.max_seqs || !ctx->pages.seqs[seq].open)
+    return fattn__fail(ctx, FATTN_ERR_NOT_FOUND, "fattn_seq_length: sequence %u is not open", seq);
   *num_tokens = ctx->pages.seqs[seq].len;
   return FATTN_OK;
 }
@@ -265,8 +274,8 @@ fattn_status fattn_seq_map(fattn_ctx *ctx, uint32_t seq, uint32_t first, uint32_
                          pages[i], p->num_pages);
   if (count) memcpy(row_of(p, seq) + first, pages, (size_t)count * 4); /* pages may be NULL when count is 0 */
   if (first + count > s->npages) s->npages = first + count;
-  uint64_t len = (uint64_t)s->npages * p->page_size;
-  s->len = len > p->max_seq_len ? p->max_seq_len : (uint32_t)len;
+  /* the length stays: which tokens are visible is reserve's and truncate's business alone, so
+   * re-mapping after a truncate never brings rejected draft slots back */
   mark(p, seq, first, first + count);
   return FATTN_OK;
 }
@@ -289,7 +298,8 @@ fattn_status fattn_check(fattn_ctx *ctx) {
     const uint32_t *row = p->table + (size_t)q * p->pages_per_seq;
     if (s->open) open++;
     uint32_t mapped = s->open ? s->npages : 0;
-    if (s->open && (s->npages != pages_for(p, s->len) && !p->caller_owned))
+    /* fattn's sequences hold exactly the pages of their length; the caller's at least those */
+    if (s->open && (p->caller_owned ? s->npages < pages_for(p, s->len) : s->npages != pages_for(p, s->len)))
       return fattn__fail(ctx, FATTN_ERR_CORRUPT, "sequence %u: %u pages for %u tokens", q, s->npages, s->len);
     for (uint32_t i = 0; i < p->pages_per_seq; i++) {
       uint32_t pg = row[i];

@@ -145,13 +145,21 @@ static fattn_status check_mask(fattn_ctx *ctx, const fattn_batch *b, uint32_t *r
   return FATTN_OK;
 }
 
+fattn_status fattn__batch_in(fattn_ctx *ctx, const fattn_batch *user, fattn_batch *local, const fattn_batch **out) {
+  if (!user) return fattn__fail(ctx, FATTN_ERR_INVALID, "batch must not be NULL");
+  if (user->struct_size == sizeof *user) { /* this library's own, the usual case: read in place */
+    *out = user;
+    return FATTN_OK;
+  }
+  fattn_status st = fattn__abi_check(&fattn__abi_batch, user, ctx->detail, sizeof ctx->detail);
+  if (st) return st;
+  *out = fattn__abi_read(&fattn__abi_batch, user, local);
+  return FATTN_OK;
+}
+
 /* The batch's own checks, before any entry: no state is read but the config's. */
 static fattn_status check_batch(fattn_ctx *ctx, const fattn_batch *b, uint32_t cap_entries, plan_info *info) {
   const fattn_config *c = &ctx->n.cfg;
-  if (!b) return fattn__fail(ctx, FATTN_ERR_INVALID, "batch must not be NULL");
-  if (b->struct_size < sizeof(fattn_batch))
-    return fattn__fail(ctx, FATTN_ERR_INVALID, "batch struct_size %u: smaller than %zu (use FATTN_BATCH_INIT)",
-                       b->struct_size, sizeof(fattn_batch));
   if (b->mode < FATTN_MODE_PREFILL || b->mode > FATTN_MODE_COUNT)
     return fattn__fail(ctx, FATTN_ERR_INVALID, "mode %d: unknown", b->mode);
   if (spec_mode(b->mode) && !c->spec_topk)
@@ -173,11 +181,23 @@ static fattn_status check_batch(fattn_ctx *ctx, const fattn_batch *b, uint32_t c
 
 /* Checks every entry and, where `out` is given, writes each one as it passes (one pass over
  * the batch and the sequence records); sums the step's counts into info. */
+/* The duplicate check's stamp for a new pass: one above every stamp a record holds. When the
+ * 32-bit counter wraps, every record's stamp is cleared first (O(max_seqs) once in 2^32 passes,
+ * no allocation): else a record stamped 2^32 passes ago, or never (0), would match. */
+static uint32_t next_plan_stamp(fattn_ctx *ctx) {
+  if (__builtin_expect(++ctx->plan_stamp == 0, 0)) {
+    fattn__seq *seqs = ctx->pages.seqs;
+    for (uint32_t i = 0; i < ctx->pages.max_seqs; i++) seqs[i].stamp = 0;
+    ctx->plan_stamp = 1;
+  }
+  return ctx->plan_stamp;
+}
+
 static inline __attribute__((always_inline)) fattn_status check_entries_as(fattn_ctx *ctx, const fattn_batch *b,
                                                                            plan_info *info, fattn__staged *out,
                                                                            int plain) {
   const fattn_config *c = &ctx->n.cfg;
-  const uint32_t n = info->entries, stamp = ++ctx->plan_stamp;
+  const uint32_t n = info->entries, stamp = next_plan_stamp(ctx);
   const entry_src src = entry_src_of(ctx, b);
   fattn__seq *seqs = ctx->pages.seqs;
   uint64_t q_tokens = 0, new_tokens = 0;
@@ -408,8 +428,9 @@ fattn_status fattn__plan_into(fattn_ctx *ctx, const fattn_batch *b, void *stream
   if (!ctx) return FATTN_ERR_INVALID;
   plan_info info;
   uint32_t cap = t->cap_entries ? t->cap_entries : ctx->n.max_entries;
-  fattn_status st = check_batch(ctx, b, cap, &info);
-  if (st) return st;
+  fattn_batch local; /* an older or newer caller's batch, in this library's layout */
+  fattn_status st = fattn__batch_in(ctx, b, &local, &b);
+  if (st || (st = check_batch(ctx, b, cap, &info))) return st;
   uint8_t *slot = NULL;
   uint32_t index = 0;
   if (changes_fit(ctx, t)) { /* entries checked straight into the slot; a rejected batch gives it back */

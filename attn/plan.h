@@ -20,6 +20,10 @@ typedef struct fattn__plan_target {
 void fattn__step_bind(fattn_ctx *ctx, fattn_mode mode, uint8_t *area, uint32_t cap_entries, uint32_t entries,
                       uint32_t q_tokens, uint32_t new_tokens, uint32_t tiles);
 
+/* The caller's batch (any version) in this library's layout at *out: user itself, or local
+ * holding it with the defaults of the fields it lacks. NULL or a bad struct_size fails. */
+fattn_status fattn__batch_in(fattn_ctx *ctx, const fattn_batch *user, fattn_batch *local, const fattn_batch **out);
+
 fattn_status fattn__plan_into(fattn_ctx *ctx, const fattn_batch *batch, void *stream,
                               const fattn__plan_target *target);
 

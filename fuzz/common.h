@@ -57,6 +57,20 @@ static inline int fuzz_known_status(fattn_status st) {
   return 0;
 }
 
+/* A caller's versioned struct as fattn.h's rule reads it: the *_INIT defaults under its first
+ * struct_size bytes. 0 where the rule rejects it: struct_size under min (the end of the first
+ * field after it) or over 4096, or a non-zero byte past size (in must span struct_size). */
+static inline int fuzz_as_read(void *out, const void *in, const void *defaults, size_t size, size_t min) {
+  uint32_t n;
+  memcpy(&n, in, sizeof n);
+  memcpy(out, defaults, size);
+  if (n < min || n > 4096) return 0;
+  for (size_t i = size; i < n; i++)
+    if (((const uint8_t *)in)[i]) return 0;
+  memcpy(out, in, n < size ? n : size);
+  return 1;
+}
+
 /* The allocator's whole state (tests/snapshot.h). Caller frees. */
 static inline uint8_t *fuzz_pages_snapshot(const fattn__pages *p, size_t *bytes) {
   uint8_t *buf = fattn_test_pages_snapshot(p, bytes);

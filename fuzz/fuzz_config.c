@@ -34,10 +34,14 @@ static float pick_float(fuzz_bytes *in) {
   return f;
 }
 
+/* An older caller's struct_size: a multiple of 8 up to size, so that it ends between fields as
+ * a real older struct does (0 and 8 and the like break the rule). */
+static uint32_t older_size(fuzz_bytes *in, size_t size) { return 8u * (fuzz_u8(in) % (uint32_t)(size / 8 + 1)); }
+
 static void build_model(fuzz_bytes *in, fattn_model *m) {
   const fattn_model init = FATTN_MODEL_INIT;
   *m = init;
-  if (fuzz_u8(in) >= 0xf8) m->struct_size = fuzz_u8(in); /* sometimes an older caller */
+  if (fuzz_u8(in) >= 0xf8) m->struct_size = older_size(in, sizeof *m); /* sometimes an older caller */
   m->num_layers = PICK(in, 1, 2, 3, 0, FATTN_MAX_LAYERS, FATTN_MAX_LAYERS + 1);
   m->num_q_heads = PICK(in, 1, 2, 4, 8, 0, FATTN_MAX_HEADS, FATTN_MAX_HEADS + 1, 3);
   m->num_kv_heads = PICK(in, 1, 2, 4, 0, 3, 8);
@@ -81,7 +85,7 @@ static void build_model(fuzz_bytes *in, fattn_model *m) {
 static void build_config(fuzz_bytes *in, fattn_config *c) {
   const fattn_config init = FATTN_CONFIG_INIT;
   *c = init;
-  if (fuzz_u8(in) >= 0xf8) c->struct_size = fuzz_u8(in);
+  if (fuzz_u8(in) >= 0xf8) c->struct_size = older_size(in, sizeof *c);
   c->device = (int32_t)PICK(in, (uint32_t)FATTN_DEVICE_CPU, 0, 1, (uint32_t)-2);
   c->q_dtype = (fattn_dtype)PICK(in, FATTN_DTYPE_BF16, FATTN_DTYPE_FP16, FATTN_DTYPE_FP8_E4M3, 0);
   c->kv_dtype = (fattn_dtype)PICK(in, FATTN_DTYPE_BF16, FATTN_DTYPE_FP16, FATTN_DTYPE_FP8_E4M3, 0, 4);
@@ -135,19 +139,20 @@ static void check_report(const fattn_config *c, const fattn_memory_report *r) {
     FUZZ_FAIL("report: %u pages for a budget of %u", r->num_pages, c->kv_budget_pages);
 }
 
-static void create_and_destroy(const fattn_config *cfg, const fattn_model *model, const fattn_memory_report *plan) {
+/* cfg as the caller gave it, seen as the library reads it. */
+static void create_and_destroy(const fattn_config *cfg, const fattn_config *seen, const fattn_model *model,
+                               const fattn_memory_report *plan) {
   char detail[FATTN__DETAIL_LEN];
   fattn_ctx *ctx = NULL;
   fattn_status st = fattn_create(cfg, model, &ctx, detail, sizeof detail);
   /* On the host nothing but memory can fail, and the plan was small. */
   if (st != FATTN_OK || !ctx) FUZZ_FAIL("fattn_create after an OK plan: %s: %s", fattn_status_name(st), detail);
   fattn_memory_report held = *fattn_ctx_memory(ctx);
-  held.struct_size = plan->struct_size; /* the caller's own, a larger one is fine */
   if (memcmp(&held, plan, sizeof held) != 0) FUZZ_FAIL("fattn_ctx_memory differs from fattn_memory_plan's report");
   if ((st = fattn_check(ctx)) != FATTN_OK) FUZZ_FAIL("fattn_check of a new context: %s", fattn_detail(ctx));
   fattn_stats stats = FATTN_STATS_INIT;
   if (fattn_get_stats(ctx, &stats) != FATTN_OK || stats.pages_total != plan->num_pages || stats.seqs_open != 0 ||
-      stats.pages_free != (cfg->flags & FATTN_FLAG_CALLER_PAGES ? 0 : plan->num_pages))
+      stats.pages_free != (seen->flags & FATTN_FLAG_CALLER_PAGES ? 0 : plan->num_pages))
     FUZZ_FAIL("stats of a new context: %u of %u pages free, %u sequences open", stats.pages_free,
               stats.pages_total, stats.seqs_open);
   for (int mode = FATTN_MODE_PREFILL; mode <= FATTN_MODE_COUNT; mode++)
@@ -163,7 +168,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   build_config(&in, &cfg);
   build_model(&in, &model);
   fattn_memory_report report = FATTN_MEMORY_REPORT_INIT;
-  if (fuzz_u8(&in) >= 0xf8) report.struct_size = fuzz_u8(&in);
+  if (fuzz_u8(&in) >= 0xf8) report.struct_size = older_size(&in, sizeof report);
+  const fattn_config init = FATTN_CONFIG_INIT;
+  fattn_config seen;
+  fuzz_as_read(&seen, &cfg, &init, sizeof seen, offsetof(fattn_config, device) + sizeof seen.device);
   static const size_t lens[] = {FATTN__DETAIL_LEN, 1, 0, 24};
   size_t detail_len = lens[fuzz_u8(&in) % 4];
   char detail[FATTN__DETAIL_LEN + DETAIL_GUARD];
@@ -175,8 +183,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     return 0;
   }
   if (detail_len && detail[0]) FUZZ_FAIL("fattn_memory_plan OK with a detail: %s", detail);
-  check_report(&cfg, &report);
-  if (cfg.device == FATTN_DEVICE_CPU && report.device_bytes + report.pinned_bytes < CREATE_LIMIT)
-    create_and_destroy(&cfg, &model, &report);
+  if (report.struct_size < sizeof report) return 0; /* an older caller's: the fields checked may be cut */
+  check_report(&seen, &report);
+  if (seen.device == FATTN_DEVICE_CPU && report.device_bytes + report.pinned_bytes < CREATE_LIMIT)
+    create_and_destroy(&cfg, &seen, &model, &report);
   return 0;
 }

@@ -159,7 +159,7 @@ static void op_reserve(uint32_t seq, uint32_t n) {
   } else if (n > sh.max_seq_len) {
     want = FATTN_ERR_INVALID;
   } else if (sh.caller_owned) {
-    want = FATTN_ERR_STATE;
+    if (n > s->len && pages_for(n) > s->npages) want = FATTN_ERR_CAPACITY; /* only within the mapped pages */
   } else if (n > s->len) {
     /* the next slot lands in the shared tail page: it needs a private copy */
     cow = s->len % sh.page_size != 0 && sh.refcount[s->pages[s->npages - 1]] > 1;
@@ -169,6 +169,10 @@ static void op_reserve(uint32_t seq, uint32_t n) {
   fattn_status got = fattn_seq_reserve(ctx, seq, n);
   expect(got, want, "fattn_seq_reserve", before, bytes);
   if (got != FATTN_OK || n <= s->len) return;
+  if (sh.caller_owned) { /* the length grows, no page is taken */
+    s->len = n;
+    return;
+  }
   const uint32_t *row = real_row(seq);
   if (cow) {
     uint32_t old = s->pages[s->npages - 1], fresh = row[s->npages - 1];
@@ -238,8 +242,8 @@ static void op_close(uint32_t seq) {
   s->open = 0;
 }
 
-/* Caller-owned pages: entries [first, first + count) become pages[]; the length grows to the
- * mapped pages (capped at max_seq_len) and never shrinks here. Page ids may repeat. */
+/* Caller-owned pages: entries [first, first + count) become pages[]; the length never changes
+ * here (reserve and truncate set it). Page ids may repeat. */
 static void op_map(uint32_t seq, uint32_t first, uint32_t count, const uint32_t *pages) {
   size_t bytes;
   uint8_t *before = fuzz_pages_snapshot(&ctx->pages, &bytes);
@@ -256,8 +260,6 @@ static void op_map(uint32_t seq, uint32_t first, uint32_t count, const uint32_t 
   if (got != FATTN_OK) return;
   if (count) memcpy(s->pages + first, pages, (size_t)count * 4);
   if (first + count > s->npages) s->npages = first + count;
-  uint64_t len = (uint64_t)s->npages * sh.page_size;
-  s->len = len > sh.max_seq_len ? sh.max_seq_len : (uint32_t)len;
 }
 
 /* A DECODE step: each entry's one new token lands in its tail slot, which must be its own. */

@@ -117,7 +117,14 @@ static void build(fuzz_bytes *in, batch_buf *bb) {
   fattn_batch *b = &bb->b;
   memset(bb, 0, sizeof *bb);
   uint8_t flags = fuzz_u8(in);
-  b->struct_size = (flags & 0xc0) == 0xc0 ? (uint32_t)sizeof *b - 1 - fuzz_u8(in) % 8 : (uint32_t)sizeof *b;
+  /* sometimes an older caller's batch (cut under its first field, or at a later one), or a
+   * newer caller's, whose unknown tail is the seq_ids that follow it here */
+  static const uint32_t sizes[] = {0, 4, 7, offsetof(fattn_batch, num_seqs), offsetof(fattn_batch, seq_ids),
+                                   offsetof(fattn_batch, q_lens), offsetof(fattn_batch, kv_lens),
+                                   offsetof(fattn_batch, kv_new_lens), offsetof(fattn_batch, tree_mask),
+                                   sizeof(fattn_batch) + 4, sizeof(fattn_batch) + 16};
+  b->struct_size = (flags & 0xc0) == 0xc0 ? sizes[fuzz_u8(in) % (sizeof sizes / sizeof sizes[0])]
+                                          : (uint32_t)sizeof *b;
   b->mode = (fattn_mode)((int)(fuzz_u8(in) % (FATTN_MODE_COUNT + 3)) - 1); /* -1..7 */
   b->num_seqs = fuzz_u8(in) % (c->max_batch + 2);
   uint32_t per = b->mode == FATTN_MODE_DRAFT_DECODE && c->spec_topk ? c->spec_topk : 1;
@@ -157,7 +164,7 @@ static fattn_status predict(const fattn_batch *b, uint32_t *entries, uint64_t *q
                    b->mode == FATTN_MODE_DRAFT_EXTEND;
   *entries = 0;
   *q_total = 0;
-  if (b->struct_size < sizeof *b || b->mode < FATTN_MODE_PREFILL || b->mode > FATTN_MODE_CROSS) return FATTN_ERR_INVALID;
+  if (b->mode < FATTN_MODE_PREFILL || b->mode > FATTN_MODE_CROSS) return FATTN_ERR_INVALID;
   if ((spec && !c->spec_topk) || (b->mode == FATTN_MODE_CROSS && !c->max_encoder_len)) return FATTN_ERR_INVALID;
   if (b->num_seqs == 0 || b->num_seqs > c->max_batch || !b->seq_ids) return FATTN_ERR_INVALID;
   if (b->kv_new_lens && b->mode != FATTN_MODE_CROSS) return FATTN_ERR_INVALID;
@@ -291,10 +298,13 @@ static fattn__plan_target target_for(const fattn_batch *b, uint8_t into) {
 static void plan_op(fuzz_bytes *in) {
   batch_buf bb;
   build(in, &bb);
-  const fattn__plan_target t = target_for(&bb.b, fuzz_u8(in));
-  uint32_t n;
-  uint64_t q_total;
-  fattn_status want = predict(&bb.b, &n, &q_total);
+  const fattn_batch init = FATTN_BATCH_INIT;
+  fattn_batch seen; /* the batch as the library reads it */
+  const int readable = fuzz_as_read(&seen, &bb.b, &init, sizeof seen, offsetof(fattn_batch, mode) + sizeof seen.mode);
+  const fattn__plan_target t = target_for(&seen, fuzz_u8(in));
+  uint32_t n = 0;
+  uint64_t q_total = 0;
+  fattn_status want = readable ? predict(&seen, &n, &q_total) : FATTN_ERR_INVALID;
   size_t bytes;
   uint8_t *before = fuzz_pages_snapshot(&ctx->pages, &bytes);
   const fattn__step step_before = ctx->step;
@@ -308,7 +318,7 @@ static void plan_op(fuzz_bytes *in) {
   if (fattn_check(ctx) != FATTN_OK) FUZZ_FAIL("after fattn_plan: fattn_check: %s", fattn_detail(ctx));
   if (got == FATTN_OK) {
     free(before);
-    check_step(&bb.b, n, q_total, &t);
+    check_step(&seen, n, q_total, &t);
     return;
   }
   fuzz_expect_detail(fattn_detail(ctx), FATTN__DETAIL_LEN, "fattn_plan");

@@ -112,9 +112,9 @@ fattn_status fattn_graph_capture(fattn_ctx *ctx, fattn_mode mode, uint32_t batch
 
 fattn_status fattn__graph_for(fattn_ctx *ctx, const fattn_batch *batch, void **exec, fattn__plan_target *target) {
   if (!ctx) return FATTN_ERR_INVALID;
-  if (!batch) return fattn__fail(ctx, FATTN_ERR_INVALID, "fattn_graph_launch: batch must not be NULL");
-  fattn_status st = check_mode(ctx, batch->mode, "fattn_graph_launch");
-  if (st) return st;
+  fattn_batch local;
+  fattn_status st = fattn__batch_in(ctx, batch, &local, &batch);
+  if (st || (st = check_mode(ctx, batch->mode, "fattn_graph_launch"))) return st;
   int b = bucket_for(ctx, batch->num_seqs);
   if (b < 0 || batch->num_seqs == 0)
     return fattn__fail(ctx, FATTN_ERR_INVALID, "fattn_graph_launch: num_seqs %u: must be in 1..max_batch %u",

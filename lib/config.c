@@ -109,18 +109,19 @@ static fattn_status check_backends(const fattn_config *c, fattn__norm *n, char *
 fattn_status fattn__normalize(const fattn_config *cfg, const fattn_model *model,
                               fattn__norm *n, char *detail, size_t detail_len) {
   if (!cfg || !model) return BAD("config and model must not be NULL");
-  if (cfg->struct_size < sizeof(fattn_config))
-    return BAD("config struct_size %u: smaller than this library's %zu (use FATTN_CONFIG_INIT)",
-               cfg->struct_size, sizeof(fattn_config));
-  if (model->struct_size < sizeof(fattn_model))
-    return BAD("model struct_size %u: smaller than this library's %zu (use FATTN_MODEL_INIT)",
-               model->struct_size, sizeof(fattn_model));
+  fattn_status st;
+  if ((st = fattn__abi_check(&fattn__abi_config, cfg, detail, detail_len)) ||
+      (st = fattn__abi_check(&fattn__abi_model, model, detail, detail_len)))
+    return st;
   memset(n, 0, sizeof *n);
-  memcpy(&n->cfg, cfg, sizeof n->cfg);
-  memcpy(&n->model, model, sizeof n->model);
+  fattn_config c_local;
+  fattn_model m_local;
+  cfg = fattn__abi_read(&fattn__abi_config, cfg, &c_local);
+  model = fattn__abi_read(&fattn__abi_model, model, &m_local);
+  n->cfg = *cfg;
+  n->model = *model;
   fattn_config *c = &n->cfg;
-  fattn_status st = check_model(model, detail, detail_len);
-  if (st) return st;
+  if ((st = check_model(model, detail, detail_len))) return st;
   if (c->q_dtype != FATTN_DTYPE_BF16 && c->q_dtype != FATTN_DTYPE_FP16)
     return BAD("q_dtype %d: must be FATTN_DTYPE_BF16 or FATTN_DTYPE_FP16", c->q_dtype);
   if (!elem_bytes(c->kv_dtype)) return BAD("kv_dtype %d: unknown", c->kv_dtype);

@@ -201,7 +201,9 @@ fattn_status fattn_create(const fattn_config *cfg, const fattn_model *model, fat
   fattn__norm n;
   fattn__layout lay;
   fattn_memory_report r = FATTN_MEMORY_REPORT_INIT;
+  fattn_model m_local; /* the model's arrays, read at create: an older caller's struct may lack them */
   fattn_status st = fattn__normalize(cfg, model, &n, detail, detail_len);
+  if (!st) model = fattn__abi_read(&fattn__abi_model, model, &m_local);
   if (!st) st = fattn__layout_compute(&n, &lay, &r, detail, detail_len);
   uint32_t sms = 132; /* the CPU backend plans as for an H200 so that plans are comparable */
   if (!st && !n.on_cpu) st = open_device(&n, &sms, detail, detail_len);
@@ -238,20 +240,29 @@ const char *fattn_detail(const fattn_ctx *ctx) { return ctx ? ctx->detail : "no 
 const fattn_memory_report *fattn_ctx_memory(const fattn_ctx *ctx) { return ctx ? &ctx->report : NULL; }
 
 fattn_backend fattn_ctx_backend(const fattn_ctx *ctx, fattn_mode mode) {
-  if (!ctx || mode < FATTN_MODE_PREFILL || mode > FATTN_MODE_COUNT) return FATTN_BACKEND_AUTO;
+  if (!ctx) return FATTN_BACKEND_AUTO;
+  if (mode < FATTN_MODE_PREFILL || mode > FATTN_MODE_COUNT) {
+    fattn__fail(ctx, FATTN_ERR_INVALID, "fattn_ctx_backend: mode %d: unknown", mode);
+    return FATTN_BACKEND_AUTO;
+  }
   return ctx->backend[mode];
 }
 
-fattn_status fattn_get_stats(const fattn_ctx *ctx, fattn_stats *s) {
-  if (!ctx || !s || s->struct_size < sizeof(fattn_stats)) return FATTN_ERR_INVALID;
-  s->pages_total = ctx->pages.num_pages;
-  s->pages_free = ctx->pages.free_top;
-  s->seqs_open = fattn__seqs_open(&ctx->pages);
-  s->page_allocs = ctx->pages.allocs;
-  s->page_frees = ctx->pages.frees;
-  s->steps_planned = ctx->steps_planned;
-  s->staging_waits = ctx->staging_waits;
-  s->cow_copies = ctx->pages.cow_copies;
+fattn_status fattn_get_stats(const fattn_ctx *ctx, fattn_stats *stats) {
+  if (!ctx) return FATTN_ERR_INVALID;
+  if (!stats) return fattn__fail(ctx, FATTN_ERR_INVALID, "fattn_get_stats: stats must not be NULL");
+  fattn_status st = fattn__abi_check(&fattn__abi_stats, stats, fattn__detail_buf(ctx), sizeof ctx->detail);
+  if (st) return st;
+  const fattn_stats s = {sizeof(fattn_stats),
+                         ctx->pages.num_pages,
+                         ctx->pages.free_top,
+                         fattn__seqs_open(&ctx->pages),
+                         ctx->pages.allocs,
+                         ctx->pages.frees,
+                         ctx->steps_planned,
+                         ctx->staging_waits,
+                         ctx->pages.cow_copies};
+  fattn__abi_write(&fattn__abi_stats, stats, &s);
   return FATTN_OK;
 }
 

@@ -13,6 +13,9 @@ extern "C" {
 #define FATTN_VERSION_MAJOR 0
 #define FATTN_VERSION_MINOR 1
 #define FATTN_VERSION_PATCH 0
+/* One number to compare: major * 10000 + minor * 100 + patch (0.1.0 is 100). */
+#define FATTN_VERSION_NUMBER \
+  (FATTN_VERSION_MAJOR * 10000 + FATTN_VERSION_MINOR * 100 + FATTN_VERSION_PATCH)
 
 /* ---------------------------------------------------------------- status */
 
@@ -40,6 +43,16 @@ typedef enum fattn_status {
 const char *fattn_strerror(fattn_status status);    /* "invalid argument" */
 const char *fattn_status_name(fattn_status status); /* "FATTN_ERR_INVALID" */
 const char *fattn_version(void);                    /* "0.1.0" */
+/* FATTN_VERSION_NUMBER of the library linked, to compare with the header compiled against. */
+int fattn_version_number(void);
+
+/* Threads, as cuDNN and SQLite's multi-thread mode have it. Distinct contexts may be used from
+ * distinct threads at once. One context is used by one thread at a time: every call taking it,
+ * the const getters included (a failing one writes the context's detail), needs the caller's
+ * exclusion. fattn_strerror, fattn_status_name, fattn_version, fattn_version_number,
+ * fattn_region_name and fattn_memory_plan read no mutable global state: any thread may call
+ * them at any time. fattn_create and fattn_destroy, of distinct contexts, may run at once: the
+ * per-process caches of device facts and kernel attributes are filled idempotently. */
 
 /* ----------------------------------------------------------------- enums */
 
@@ -83,6 +96,17 @@ typedef enum fattn_mode {
 #define FATTN_MAX_LAYERS 1024
 #define FATTN_MAX_HEADS 1024
 
+/* ----------------------------------------------------- versioned structs */
+
+/* fattn_model, fattn_config, fattn_batch, fattn_stats and fattn_memory_report open with
+ * struct_size, which their *_INIT macro sets to the sizeof the caller was compiled with; new
+ * fields are only ever appended. A smaller struct_size (an older caller) is accepted: the
+ * fields past it take their *_INIT defaults, and an output struct gets only its struct_size
+ * bytes written. A larger one (a newer caller) is accepted while every byte past this
+ * library's struct is zero (a new field left at its default); else FATTN_ERR_INVALID, the
+ * detail naming the struct and the first non-zero byte. struct_size must reach at least the
+ * end of the first field after it, and at most 4096. */
+
 /* --------------------------------------------------------------- model */
 
 /* Per-layer options. A NULL fattn_model.layers means every layer takes the defaults
@@ -108,7 +132,8 @@ typedef struct fattn_model {
   float logit_softcap;     /* s = cap * tanh(s / cap) before masking; 0 means none */
   const fattn_layer_opts *layers; /* [num_layers] or NULL; copied at create */
   const float *sinks; /* [num_layers][num_q_heads] logits joining the denominator, or NULL;
-                         copied at create; -INFINITY for a head without a sink */
+                         copied at create; -INFINITY for a head without a sink. The sink's mass
+                         counts in fattn_attend's lse: log(sum_j exp(s_j) + exp(sink)) */
 } fattn_model;
 #define FATTN_MODEL_INIT {sizeof(fattn_model), 0, 0, 0, 0, 0, 0, 0, 0.0f, 0.0f, NULL, NULL}
 
@@ -161,7 +186,7 @@ typedef enum fattn_region {
 } fattn_region;
 
 typedef struct fattn_memory_report {
-  uint32_t struct_size;
+  uint32_t struct_size; /* sizeof(fattn_memory_report), set by FATTN_MEMORY_REPORT_INIT */
   uint64_t region_bytes[FATTN_REGION_COUNT];
   uint64_t device_bytes;  /* the one device allocation (host memory on the CPU backend) */
   uint64_t pinned_bytes;  /* the one pinned host allocation */
@@ -190,9 +215,12 @@ fattn_status fattn_create(const fattn_config *cfg, const fattn_model *model, fat
 /* NULL is a no-op. With live sequences: FATTN_ERR_BUSY unless force is non-zero. */
 fattn_status fattn_destroy(fattn_ctx *ctx, int force);
 
-/* Detail of the last error on this context: which argument and why. Never NULL. */
+/* Detail of the last failing call on this context: which argument and why. Never NULL. The
+ * pointer is the context's own buffer, valid until fattn_destroy; its text holds until the next
+ * call on the context (copy it to keep it). A NULL ctx gives a static string. */
 const char *fattn_detail(const fattn_ctx *ctx);
-/* The plan the context was created with. */
+/* The plan the context was created with: valid, and unchanged, until fattn_destroy. NULL for a
+ * NULL ctx. */
 const fattn_memory_report *fattn_ctx_memory(const fattn_ctx *ctx);
 /* Backend that runs mode on this context (after AUTO was resolved). */
 fattn_backend fattn_ctx_backend(const fattn_ctx *ctx, fattn_mode mode);
@@ -202,7 +230,7 @@ fattn_backend fattn_ctx_backend(const fattn_ctx *ctx, fattn_mode mode);
 fattn_status fattn_check(fattn_ctx *ctx);
 
 typedef struct fattn_stats {
-  uint32_t struct_size;
+  uint32_t struct_size; /* sizeof(fattn_stats), set by FATTN_STATS_INIT */
   uint32_t pages_total;
   uint32_t pages_free;
   uint32_t seqs_open;
@@ -221,18 +249,23 @@ fattn_status fattn_get_stats(const fattn_ctx *ctx, fattn_stats *stats);
  * token slots it covers. Page-table changes are shipped to the device at the next plan. */
 fattn_status fattn_seq_open(fattn_ctx *ctx, uint32_t *seq);
 /* Grows the sequence to num_tokens slots (never shrinks). Out of pages: ERR_CAPACITY and
- * nothing changed. A write slot that lands in a shared page gets a private copy first. */
+ * nothing changed. A write slot that lands in a shared page gets a private copy first.
+ * FATTN_FLAG_CALLER_PAGES: takes no page; num_tokens must lie within the mapped entries
+ * (else ERR_CAPACITY): map first, then reserve. */
 fattn_status fattn_seq_reserve(fattn_ctx *ctx, uint32_t seq, uint32_t num_tokens);
 /* New sequence sharing the first num_tokens slots of src (whole pages by reference). */
 fattn_status fattn_seq_fork(fattn_ctx *ctx, uint32_t src, uint32_t num_tokens, uint32_t *dst);
-/* Shrinks to num_tokens slots, releasing pages past it (rejected draft tokens). */
+/* Shrinks to num_tokens slots, releasing pages past it (rejected draft tokens); caller pages
+ * past it are unmapped, never freed. */
 fattn_status fattn_seq_truncate(fattn_ctx *ctx, uint32_t seq, uint32_t num_tokens);
 /* Releases every page reference and the id. */
 fattn_status fattn_seq_close(fattn_ctx *ctx, uint32_t seq);
 fattn_status fattn_seq_length(const fattn_ctx *ctx, uint32_t seq, uint32_t *num_tokens);
 /* FATTN_FLAG_CALLER_PAGES only: entries [first, first + count) of seq's page table become
- * pages[0..count) (each < num_pages), and the length becomes at least
- * (first + count) * page_size capped at max_seq_len. fattn never frees caller pages. */
+ * pages[0..count) (each < num_pages; first at most the entries mapped: no holes). The length
+ * is unchanged: mapping pages never changes which tokens are visible, only fattn_seq_reserve
+ * and fattn_seq_truncate do (a page re-mapped after a truncate brings no rejected draft slot
+ * back). fattn never frees caller pages. */
 fattn_status fattn_seq_map(fattn_ctx *ctx, uint32_t seq, uint32_t first, uint32_t count,
                            const uint32_t *pages);
 
@@ -243,7 +276,8 @@ fattn_status fattn_seq_map(fattn_ctx *ctx, uint32_t seq, uint32_t first, uint32_
  * kv_new_lens[i] in CROSS mode). Tokens are packed entry after entry:
  *   q   [q_tokens, q_heads, head_dim]      out [q_tokens, q_heads, head_dim_v]
  *   k   [new_tokens, kv_heads, head_dim]   v   [new_tokens, kv_heads, head_dim_v]
- *   lse [q_tokens, q_heads] float, natural log
+ *   lse [q_tokens, q_heads] float, natural log of the softmax denominator over the scaled
+ *       (softcapped) logits, the head's sink included: log(sum_j exp(s_j) + exp(sink))
  * DECODE, DRAFT_DECODE: q_lens NULL means 1 each. DRAFT_DECODE lists num_seqs * spec_topk
  * branch sequences, request after request (num_seqs counts requests).
  * TARGET_VERIFY: q_lens NULL means spec_draft_tokens each; tree_mask (spec_topk > 1) is

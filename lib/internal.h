@@ -62,13 +62,36 @@ fattn_status fattn__layout_compute(const fattn__norm *n, fattn__layout *lay,
 /* Bytes of one graph's static area for a bucket of the given requests. */
 uint64_t fattn__graph_area_bytes(const fattn__norm *n, fattn_mode mode, uint32_t requests);
 
+/* lib/abi.c: a versioned public struct (struct_size first) of this library's version. */
+typedef struct fattn__abi {
+  const char *name;     /* "fattn_config", as details name it */
+  const char *init;     /* "FATTN_CONFIG_INIT" */
+  uint32_t size;        /* sizeof in this library */
+  uint32_t min;         /* the smallest struct_size: struct_size and the first field after it */
+  const void *defaults; /* the *_INIT value */
+} fattn__abi;
+
+extern const fattn__abi fattn__abi_config, fattn__abi_model, fattn__abi_batch, fattn__abi_stats,
+    fattn__abi_report;
+
+/* OK for the caller's struct (not NULL) of any version: struct_size at least abi->min, and
+ * past abi->size only bytes of zero; else ERR_INVALID naming the struct (and the first
+ * non-zero byte) in detail. Input and output structs alike. */
+fattn_status fattn__abi_check(const fattn__abi *abi, const void *user, char *detail, size_t detail_len);
+/* A checked caller's struct in this library's layout: user itself when its struct_size is
+ * this library's, else local (abi->size bytes) with the defaults under the caller's bytes. */
+const void *fattn__abi_read(const fattn__abi *abi, const void *user, void *local);
+/* Writes full, this library's layout, into a checked caller's struct up to its struct_size
+ * (never past it); its struct_size stays the caller's. */
+void fattn__abi_write(const fattn__abi *abi, void *user, const void *full);
+
 /* A sequence of the page allocator. */
 typedef struct fattn__seq {
   uint32_t len;      /* token slots covered */
   uint32_t npages;   /* leading page-table entries mapped */
   uint32_t dirty_lo; /* page-table entries [dirty_lo, dirty_hi) not yet shipped */
   uint32_t dirty_hi;
-  uint32_t stamp;    /* last plan that named it, to find duplicates */
+  uint32_t stamp;    /* last plan pass that named it, to find duplicates; 0: none since the counter wrapped */
   uint32_t shared;   /* entries [0, shared) may be shared with a fork; later ones are its own */
   uint8_t open;
   uint8_t listed;    /* in the dirty list */
@@ -173,7 +196,7 @@ struct fattn_ctx {
   uint32_t ring_next;
   uint64_t staging_waits;
   uint64_t steps_planned;
-  uint32_t plan_stamp;
+  uint32_t plan_stamp;       /* the last duplicate-check stamp (attn/plan.c); never 0 once planned */
   fattn__step step;
   fattn__graph_slot *graphs; /* [FATTN_MODE_COUNT + 1][num_buckets] */
   void *tmaps;               /* [num_layers][K, V] CUtensorMap for fa3's TMA; NULL if unused */
@@ -183,8 +206,12 @@ struct fattn_ctx {
   char detail[FATTN__DETAIL_LEN];
 };
 
+/* The context's detail buffer. Every failing call writes it, the const getters included:
+ * a context is never a const object (it lives in the pinned slab), so the cast is defined. */
+static inline char *fattn__detail_buf(const fattn_ctx *ctx) { return (char *)ctx->detail; }
+
 /* Writes the detail message (printf style) and returns status; never allocates. */
-fattn_status fattn__fail(fattn_ctx *ctx, fattn_status status, const char *fmt, ...)
+fattn_status fattn__fail(const fattn_ctx *ctx, fattn_status status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 fattn_status fattn__vfail(char *buf, size_t len, fattn_status status, const char *fmt, va_list ap);
 fattn_status fattn__failbuf(char *buf, size_t len, fattn_status status, const char *fmt, ...)

@@ -1,5 +1,5 @@
-/* status.c: status names and messages from the X-macro, the version string, region names,
- * and the fixed-size detail buffer every failing call writes. */
+/* status.c: status names and messages from the X-macro, the version string and number, region
+ * names, and the fixed-size detail buffer every failing call writes. */
 #include <stdio.h>
 
 #include "lib/internal.h"
@@ -33,6 +33,8 @@ const char *fattn_version(void) {
       FATTN_VERSION_PATCH);
 }
 
+int fattn_version_number(void) { return FATTN_VERSION_NUMBER; }
+
 const char *fattn_region_name(fattn_region region) {
   static const char *const names[FATTN_REGION_COUNT] = {
       "k_pool", "v_pool", "page_table", "metadata", "split_workspace", "graph_static",
@@ -54,10 +56,10 @@ fattn_status fattn__failbuf(char *buf, size_t len, fattn_status status, const ch
   return status;
 }
 
-fattn_status fattn__fail(fattn_ctx *ctx, fattn_status status, const char *fmt, ...) {
+fattn_status fattn__fail(const fattn_ctx *ctx, fattn_status status, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  fattn__vfail(ctx->detail, sizeof ctx->detail, status, fmt, ap);
+  fattn__vfail(fattn__detail_buf(ctx), sizeof ctx->detail, status, fmt, ap);
   va_end(ap);
   return status;
 }

@@ -132,24 +132,84 @@ START_TEST(fork_shares_and_copies_on_write) {
 }
 END_TEST
 
+/* The caller's pages: map places them, reserve and truncate alone set the length (mapping
+ * never changes which tokens are visible). */
 START_TEST(caller_owned_pages) {
   open_ctx(4, 16, FATTN_FLAG_CALLER_PAGES);
   uint32_t a, len, pages[3] = {7, 3, 9}, bad = 16;
   CHECKED(fattn_seq_open(ctx, &a));
   ck_assert_uint_eq(free_pages(), 0); /* fattn hands out no pages itself */
-  ASSERT_UNCHANGED(fattn_seq_reserve(ctx, a, 4), FATTN_ERR_STATE);
+  ASSERT_UNCHANGED(fattn_seq_reserve(ctx, a, 4), FATTN_ERR_CAPACITY); /* nothing mapped yet */
+  ck_assert_msg(strstr(fattn_detail(ctx), "maps 0 pages (0 slots), 4 tokens need 1"), "%s", fattn_detail(ctx));
   ASSERT_UNCHANGED(fattn_seq_map(ctx, a, 1, 1, pages), FATTN_ERR_INVALID); /* hole */
   ASSERT_UNCHANGED(fattn_seq_map(ctx, a, 0, 1, &bad), FATTN_ERR_INVALID);
   ASSERT_UNCHANGED(fattn_seq_map(ctx, a, 3, 2, pages), FATTN_ERR_INVALID);
   CHECKED(fattn_seq_map(ctx, a, 0, 3, pages));
   ck_assert_ok(fattn_seq_length(ctx, a, &len));
+  ck_assert_uint_eq(len, 0); /* mapped, not yet visible */
+  ASSERT_UNCHANGED(fattn_seq_reserve(ctx, a, 13), FATTN_ERR_CAPACITY); /* past the 12 mapped slots */
+  CHECKED(fattn_seq_reserve(ctx, a, 12));
+  CHECKED(fattn_seq_reserve(ctx, a, 3)); /* never shrinks */
+  ck_assert_ok(fattn_seq_length(ctx, a, &len));
   ck_assert_uint_eq(len, 12);
   CHECKED(fattn_seq_map(ctx, a, 3, 0, NULL)); /* no pages, none needed (fuzz_pages found the memcpy) */
   ck_assert_ok(fattn_seq_length(ctx, a, &len));
   ck_assert_uint_eq(len, 12);
-  CHECKED(fattn_seq_truncate(ctx, a, 5));
+  /* rejected draft slots stay gone when the scheduler re-maps a page it kept */
+  CHECKED(fattn_seq_truncate(ctx, a, 10));
+  CHECKED(fattn_seq_map(ctx, a, 0, 1, pages));
+  ck_assert_ok(fattn_seq_length(ctx, a, &len));
+  ck_assert_uint_eq(len, 10);
+  CHECKED(fattn_seq_map(ctx, a, 2, 1, &pages[2])); /* the tail page, written afresh */
+  ck_assert_ok(fattn_seq_length(ctx, a, &len));
+  ck_assert_uint_eq(len, 10);
+  CHECKED(fattn_seq_truncate(ctx, a, 5)); /* entries past the 2 pages of 5 tokens are unmapped */
+  ck_assert_uint_eq(ctx->pages.seqs[a].npages, 2);
+  CHECKED(fattn_seq_map(ctx, a, 2, 1, &pages[2]));
+  ck_assert_ok(fattn_seq_length(ctx, a, &len));
+  ck_assert_uint_eq(len, 5);
+  CHECKED(fattn_seq_reserve(ctx, a, 12));
   CHECKED(fattn_seq_close(ctx, a));
   ck_assert_ok(fattn_destroy(ctx, 0));
+}
+END_TEST
+
+/* Each failing call on a context writes its own detail, the const getters included: none may
+ * leave the previous error's text behind. */
+START_TEST(every_failure_writes_its_detail) {
+  open_ctx(4, 16, 0);
+  uint32_t a, len, id;
+  CHECKED(fattn_seq_open(ctx, &a));
+  CHECKED(fattn_seq_reserve(ctx, a, 4));
+  fattn_stats small = FATTN_STATS_INIT;
+  small.struct_size = 0;
+  fattn_batch batch = FATTN_BATCH_INIT;
+#define OWN_DETAIL(call, status, text)                                                           \
+  do {                                                                                           \
+    ck_assert_status(fattn_seq_reserve(ctx, a, 99), FATTN_ERR_INVALID); /* an earlier error */   \
+    ck_assert_status((call), (status));                                                          \
+    ck_assert_msg(strstr(fattn_detail(ctx), text), "%s: detail '%s' lacks '%s'", #call, fattn_detail(ctx), text); \
+  } while (0)
+  OWN_DETAIL(fattn_seq_length(ctx, 99, &len), FATTN_ERR_NOT_FOUND, "fattn_seq_length: sequence 99 is not open");
+  OWN_DETAIL(fattn_seq_length(ctx, a, NULL), FATTN_ERR_INVALID, "fattn_seq_length: num_tokens must not be NULL");
+  OWN_DETAIL(fattn_get_stats(ctx, NULL), FATTN_ERR_INVALID, "fattn_get_stats: stats must not be NULL");
+  OWN_DETAIL(fattn_get_stats(ctx, &small), FATTN_ERR_INVALID, "stats struct_size 0");
+  OWN_DETAIL(fattn_seq_open(ctx, NULL), FATTN_ERR_INVALID, "fattn_seq_open: seq must not be NULL");
+  OWN_DETAIL(fattn_seq_fork(ctx, 99, 0, &id), FATTN_ERR_NOT_FOUND, "fattn_seq_fork: sequence 99");
+  OWN_DETAIL(fattn_seq_truncate(ctx, a, 5), FATTN_ERR_INVALID, "fattn_seq_truncate: num_tokens 5");
+  OWN_DETAIL(fattn_seq_close(ctx, 99), FATTN_ERR_NOT_FOUND, "fattn_seq_close: sequence 99");
+  OWN_DETAIL(fattn_seq_map(ctx, a, 0, 0, NULL), FATTN_ERR_STATE, "fattn_seq_map: needs FATTN_FLAG_CALLER_PAGES");
+  OWN_DETAIL(fattn_plan(ctx, NULL, NULL), FATTN_ERR_INVALID, "batch must not be NULL");
+  OWN_DETAIL(fattn_store_kv(ctx, 0, NULL, NULL, NULL), FATTN_ERR_STATE, "fattn_store_kv: no step planned");
+  OWN_DETAIL(fattn_attend(ctx, 0, NULL, NULL, NULL, NULL), FATTN_ERR_STATE, "fattn_attend: no step planned");
+  OWN_DETAIL(fattn_graph_capture(ctx, FATTN_MODE_DECODE, 1, NULL, NULL), FATTN_ERR_UNSUPPORTED,
+             "fattn_graph_capture: graphs need a CUDA device");
+  OWN_DETAIL(fattn_graph_launch(ctx, &batch, NULL), FATTN_ERR_UNSUPPORTED, "fattn_graph_launch: graphs need");
+  OWN_DETAIL(fattn_destroy(ctx, 0), FATTN_ERR_BUSY, "1 sequences still open");
+  OWN_DETAIL(fattn_ctx_backend(ctx, (fattn_mode)0) == FATTN_BACKEND_AUTO ? FATTN_ERR_INVALID : FATTN_OK,
+             FATTN_ERR_INVALID, "fattn_ctx_backend: mode 0: unknown");
+#undef OWN_DETAIL
+  ck_assert_ok(fattn_destroy(ctx, 1));
 }
 END_TEST
 
@@ -193,4 +253,5 @@ START_TEST(sequence_ids_run_out) {
 END_TEST
 
 FATTN_SUITE("pages", FATTN_TEST_CPU, reserve_truncate_close, errors_leave_state_unchanged,
-            fork_shares_and_copies_on_write, caller_owned_pages, check_catches_corruption, sequence_ids_run_out)
+            fork_shares_and_copies_on_write, caller_owned_pages, every_failure_writes_its_detail,
+            check_catches_corruption, sequence_ids_run_out)

@@ -60,8 +60,18 @@ START_TEST(rejects_bad_batches_unchanged) {
   x.seq_ids = ids;
   REJECT(NULL, FATTN_ERR_INVALID, "batch must not be NULL");
   fattn_batch y = x;
-  y.struct_size = 8;
-  REJECT(&y, FATTN_ERR_INVALID, "struct_size 8");
+  y.struct_size = 6;
+  REJECT(&y, FATTN_ERR_INVALID, "fattn_batch struct_size 6: smaller than its first field's end (8");
+  struct {
+    fattn_batch b;
+    uint64_t tail;
+  } newer = {x, 0};
+  newer.b.struct_size = sizeof newer;
+  ((uint8_t *)&newer)[sizeof(fattn_batch) + 2] = 1;
+  char want[96];
+  snprintf(want, sizeof want, "fattn_batch struct_size %zu: byte %zu is not zero", sizeof newer,
+           sizeof(fattn_batch) + 2);
+  REJECT(&newer.b, FATTN_ERR_INVALID, want);
   y = x, y.mode = (fattn_mode)9;
   REJECT(&y, FATTN_ERR_INVALID, "mode 9: unknown");
   y = x, y.num_seqs = 0;
@@ -141,6 +151,67 @@ START_TEST(rejects_bad_batches_unchanged) {
   x.seq_ids = &a;
   y = x, y.mode = FATTN_MODE_TARGET_VERIFY;
   REJECT(&y, FATTN_ERR_INVALID, "speculative modes need spec_topk >= 1 at create");
+  ck_assert_ok(fattn_destroy(ctx, 1));
+}
+END_TEST
+
+/* An older caller's batch without the length arrays plans as one with them NULL, whatever
+ * lies past its struct_size; a newer caller's longer batch plans while its tail is zero. */
+START_TEST(versioned_batches_adapt) {
+  open_ctx(0);
+  uint32_t ids[2] = {seq_with(5), seq_with(9)};
+  fattn_batch older = FATTN_BATCH_INIT;
+  older.num_seqs = 2;
+  older.seq_ids = ids;
+  older.q_lens = older.kv_lens = older.kv_new_lens = (const uint32_t *)(uintptr_t)8; /* never read */
+  older.tree_mask = (const uint64_t *)(uintptr_t)8;
+  older.struct_size = offsetof(fattn_batch, q_lens);
+  ck_assert_msg(fattn_plan(ctx, &older, NULL) == FATTN_OK, "%s", fattn_detail(ctx));
+  ck_assert_uint_eq(ctx->step.cap_entries, 2);
+  ck_assert_uint_eq(ctx->step.cap_q_tokens, 2);
+  struct {
+    fattn_batch b;
+    uint64_t tail[2];
+  } newer;
+  memset(&newer, 0, sizeof newer);
+  newer.b.mode = FATTN_MODE_DECODE;
+  newer.b.num_seqs = 2;
+  newer.b.seq_ids = ids;
+  newer.b.struct_size = sizeof newer;
+  ck_assert_msg(fattn_plan(ctx, &newer.b, NULL) == FATTN_OK, "%s", fattn_detail(ctx));
+  ck_assert_uint_eq(ctx->steps_planned, 2);
+  ck_assert_ok(fattn_destroy(ctx, 1));
+}
+END_TEST
+
+/* The duplicate check's 32-bit stamp wraps after 2^32 plan passes: then a sequence opened and
+ * never planned, or one planned 2^32 passes before, is no duplicate, and a real one still is. */
+START_TEST(duplicate_check_survives_the_stamp_wrap) {
+  open_ctx(0);
+  uint32_t a = seq_with(4), old = seq_with(4);
+  fattn_batch x = FATTN_BATCH_INIT;
+#define PLAN(n, ...)                                                            \
+  do {                                                                          \
+    const uint32_t ids_[] = {__VA_ARGS__};                                      \
+    x.num_seqs = (n), x.seq_ids = ids_;                                         \
+    ck_assert_msg(fattn_plan(ctx, &x, NULL) == FATTN_OK, "%s", fattn_detail(ctx)); \
+  } while (0)
+  PLAN(1, old); /* stamped with one of the counter's first values */
+  ctx->plan_stamp = UINT32_MAX - 1u;
+  PLAN(1, a); /* the counter's last value */
+  uint32_t fresh = seq_with(4);
+  PLAN(1, fresh); /* the pass that wraps */
+  for (int pass = 0; pass < 3; pass++) PLAN(1, old);
+  PLAN(2, fresh, old);
+  uint32_t twice[2] = {fresh, fresh};
+  x.num_seqs = 2, x.seq_ids = twice;
+  ck_assert_status(fattn_plan(ctx, &x, NULL), FATTN_ERR_INVALID);
+  ck_assert_msg(strstr(fattn_detail(ctx), "appears twice"), "%s", fattn_detail(ctx));
+  ctx->plan_stamp = UINT32_MAX;
+  ck_assert_status(fattn_plan(ctx, &x, NULL), FATTN_ERR_INVALID); /* a duplicate in the wrapping pass */
+  ck_assert_msg(strstr(fattn_detail(ctx), "appears twice"), "%s", fattn_detail(ctx));
+  PLAN(2, a, old);
+#undef PLAN
   ck_assert_ok(fattn_destroy(ctx, 1));
 }
 END_TEST
@@ -303,4 +374,4 @@ END_TEST
 
 FATTN_SUITE("plan", FATTN_TEST_CPU, rejects_bad_batches_unchanged, decode_equals_prefill_row,
             fork_copy_on_write_keeps_prefix, draft_decode_equals_decode_per_branch,
-            large_changes_take_several_slots)
+            large_changes_take_several_slots, versioned_batches_adapt, duplicate_check_survives_the_stamp_wrap)
