@@ -23,8 +23,8 @@ ALL_NVCCFLAGS = -std=c++17 $(NVCCFLAGS) $(INCLUDES) -Xcompiler -Wall,-Wextra,-We
                 --expt-relaxed-constexpr -Werror all-warnings -MMD -MP
 
 LIB_C   := $(sort $(wildcard lib/*.c arena/*.c attn/*.c attn/*/*.c graph/*.c))
-LIB_CU  := $(sort $(wildcard arena/*.cu attn/*.cu attn/ref/*.cu attn/fa2/*.cu attn/mla/*.cu graph/*.cu))
-LIB_CU90 := $(sort $(wildcard attn/fa3/*.cu attn/fa4/*.cu))
+LIB_CU  := $(sort $(wildcard arena/*.cu attn/*.cu attn/ref/*.cu attn/fa2/*.cu graph/*.cu))
+LIB_CU90 := $(sort $(wildcard attn/fa3/*.cu))
 LIB_OBJS := $(LIB_C:%.c=$(BUILD)/obj/%.o) $(LIB_CU:%.cu=$(BUILD)/obj/%.cu.o)
 ifneq ($(HOPPER_ARCHS),)
 LIB_OBJS += $(LIB_CU90:%.cu=$(BUILD)/obj/%.cu.o)
@@ -38,8 +38,10 @@ SUPPORT_OBJS := $(SUPPORT_C:%.c=$(BUILD)/obj/%.o) $(SUPPORT_CU:%.cu=$(BUILD)/obj
 CPU_TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(sort $(wildcard tests/test_*.c)))
 GPU_TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(sort $(wildcard tests/gpu_*.c)))
 FUZZERS   := $(patsubst fuzz/%.c,%,$(sort $(wildcard fuzz/fuzz_*.c)))
-BENCH_C   := $(sort $(wildcard bench/*.c))
-BENCH_CU  := $(sort $(wildcard bench/*.cu))
+# fattn-bench: the user's subcommands (bench/) and the measurement lab's (tools/: `copies`, and
+# the stamps timeline of a -DFATTN_STAMPS build).
+BENCH_C   := $(sort $(wildcard bench/*.c)) tools/serve_stamps.c
+BENCH_CU  := $(sort $(wildcard bench/*.cu)) tools/copies.cu
 
 # Calls that the hot path must never make; tests/support.c counts them (and injects faults).
 WRAPPED := malloc calloc realloc free posix_memalign aligned_alloc \
@@ -72,11 +74,6 @@ $(BUILD)/obj/attn/fa3/%.cu.o: attn/fa3/%.cu
 	@echo '  NVCC  $< (sm_90a)'
 	@$(NVCC) $(ALL_NVCCFLAGS) $(call gencode,$(HOPPER_ARCHS)) -c $< -o $@
 
-$(BUILD)/obj/attn/fa4/%.cu.o: attn/fa4/%.cu
-	@mkdir -p $(dir $@)
-	@echo '  NVCC  $< (sm_90a)'
-	@$(NVCC) $(ALL_NVCCFLAGS) $(call gencode,$(HOPPER_ARCHS)) -c $< -o $@
-
 $(BUILD)/obj/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
 	@echo '  NVCC  $<'
@@ -96,9 +93,9 @@ $(BUILD)/fattn-bench: $(BENCH_C:%.c=$(BUILD)/obj/%.o) $(BENCH_CU:%.cu=$(BUILD)/o
 	@echo '  LD    $@'
 	@$(CC) $(CFLAGS) -o $@ $^ -Wl,-Bstatic -ljemalloc -Wl,-Bdynamic $(CUDA_LIBS) $(SYS_LIBS)
 
-# Kernel-alone times of any program, through CUPTI (bench/ktrace; docs/perf.md, session 16):
+# Kernel-alone times of any program, through CUPTI (tools/ktrace; docs/guide.md):
 # KTRACE_OUT=k.txt CUDA_INJECTION64_PATH=$PWD/build/libktrace.so build/fattn-bench decode
-$(BUILD)/libktrace.so: bench/ktrace/ktrace.c
+$(BUILD)/libktrace.so: tools/ktrace/ktrace.c
 	@mkdir -p $(dir $@)
 	@echo '  CC    $< (CUPTI injection library)'
 	@$(CC) -std=c11 $(CWARN) -O2 -shared -fPIC -I$(CUDA)/include -o $@ $< -L$(CUDA)/lib64 -lcupti -Wl,-rpath,$(CUDA)/lib64

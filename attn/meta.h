@@ -28,7 +28,7 @@
 #define FATTN__SPLIT_MIN_KV 128u
 #endif
 /* The minimum and the alignment for a step so small that splits of FATTN__SPLIT_MIN_KV would
- * leave SMs without a block: there, one-tile splits shorten the step (docs/perf.md, session 6:
+ * leave SMs without a block: there, one-tile splits shorten the step (docs/performance.md, decode:
  * bs 1 at context 512 0.49 -> 0.39 ms a 32-layer step), while on a full device more and
  * shorter splits cost 28% at bs 16 x 512 and 5% at bs 16 x 1.5k. */
 #ifndef FATTN__SPLIT_MIN_KV_SHORT
@@ -42,7 +42,7 @@
 #endif
 /* Blocks an SM of fa2's 2-stage decode kinds (FA2_DEC_MINB, FA2_DEC_MINB_F8 default to them),
  * the wave the split rule of one-query decode steps rounds to: fp8 KV's 8-row kind holds 4
- * (fewer registers, half the bytes a slot: +10% at bs 64-128 over 3; docs/perf.md, session 18). */
+ * (fewer registers, half the bytes a slot: +10% at bs 64-128 over 3; docs/performance.md, decode). */
 #ifndef FATTN__DECODE_RESIDENT
 #define FATTN__DECODE_RESIDENT 3u
 #endif
@@ -51,7 +51,7 @@
 #endif
 /* The wave rule adds splits only where each stays this long: shorter ones pay more in block
  * starts and the combine than the rounds save (bs 128 and 256 at context 512: 6.5-8% slower
- * steps with splits of 256; docs/perf.md, session 17). */
+ * steps with splits of 256; docs/performance.md, decode). */
 #define FATTN__WAVE_MIN_KV 1024u
 
 /* One entry of a step. The host stages seq..new_len (fattn__staged); prep fills the rest. */
@@ -186,7 +186,7 @@ FATTN__HD uint32_t fattn__splits_for(const fattn__step_hdr *h, uint32_t kv_len, 
   if (n > h->max_splits) n = h->max_splits;
   /* Steps of one-query entries that fill a wave of the decode kind: equal blocks run in
    * rounds, so fattn__wave_splits picks the count, taken where it is no more than the target's
-   * or its splits stay long (docs/perf.md, session 17). */
+   * or its splits stay long (docs/performance.md, decode). */
   const uint32_t wave = h->decode_resident * (h->target_ctas / FATTN__CTAS_PER_SM);
   if (q_len == 1u && wave && (uint64_t)per_entry * (n ? n : 1u) >= wave) {
     uint32_t hi = fattn__ceil_div(2u * h->target_ctas, per_entry);

@@ -7,7 +7,7 @@
  * each launch overwriting the one before, so that after a step the buffer holds its last
  * layer's. `make BUILD=build-stamps CFLAGS='-O2 -g -DFATTN_STAMPS' NVCCFLAGS='-O3 -g -lineinfo
  * -DFATTN_STAMPS'` builds them; `fattn-bench serve` then prints a bs 1 layer's timeline
- * (bench/serve_stamps.c). Builds without the flag compile none of it. */
+ * (tools/serve_stamps.c). Builds without the flag compile none of it. */
 #define FATTN__STAMP_BLOCKS 1024u /* blocks past this many of a grid leave no stamps */
 enum { FATTN__K_STORE, FATTN__K_DECODE, FATTN__K_COMBINE, FATTN__K_MIX, FATTN__STAMP_KERNELS };
 enum { FATTN__AT_ENTRY, FATTN__AT_WAITED, FATTN__AT_LOOPED, FATTN__AT_DONE, FATTN__STAMP_POINTS };

@@ -26,7 +26,7 @@ static fattn_backend prefill_backend = FATTN_BACKEND_AUTO;
 /* `decode --max-splits N`: the split-KV bound of every context of the run (0: the default). */
 static uint32_t max_splits;
 /* `decode --backend fa2|fa3`: the decode-side backend (fa3 hands decode steps to fa2's kernels
- * unless the library was built with FA3_TAKES_DECODE=1, as measured in docs/perf.md). */
+ * unless the library was built with FA3_TAKES_DECODE=1, as measured in docs/performance.md). */
 static fattn_backend decode_backend = FATTN_BACKEND_AUTO;
 /* `decode --roofline ring`: the read column times a decode block's copy ring alone over the
  * same pages (bench/read_pages.cu) instead of plain whole-page reads. */

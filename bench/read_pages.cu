@@ -31,7 +31,7 @@ __global__ void read_pages_kernel(fattn__layer_params l, fattn__step_params s, u
 #define RING_TOK 8
 #define RING_ST 4
 #ifndef RING_PITCH
-#define RING_PITCH 256 /* bytes between a stage's rows; 272, a padded pitch, streams 7% slower (perf.md, session 17) */
+#define RING_PITCH 256 /* bytes between a stage's rows; 272, a padded pitch, streams 7% slower (docs/performance.md) */
 #endif
 #define RING_STAGE (2 * RING_TOK * RING_PITCH)
 __global__ void __launch_bounds__(32) ring_pages_kernel(fattn__layer_params l, fattn__step_params s, float *sink) {
@@ -95,7 +95,7 @@ extern "C" int fattn_bench_read_pages(const fattn__layer_params *l, const fattn_
  * event, it keeps the GPU busy while the host issues the call, so that the events time the
  * GPU's own work, not the host's launch latency (the blocking kernel of NVIDIA's nvbench).
  * It leaves the SM cycles and timer nanoseconds it spun in hold_clock: the SM clock the timed
- * call started at (runs of one binary that differ by 10% may differ in it; docs/perf.md). */
+ * call started at (runs of one binary that differ by 10% may differ in it; docs/performance.md). */
 __device__ unsigned long long hold_clock[2];
 
 __global__ void hold_kernel(unsigned long long ns) {

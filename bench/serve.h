@@ -66,7 +66,7 @@ void fattn_bench_spec_round(serve *s, serve_result *r);
 void fattn_bench_batch_sweep(serve *s, serve_result *r);
 void fattn_bench_report(serve *s, const serve_result *r);
 #ifdef FATTN_STAMPS
-/* bench/serve_stamps.c (measurement builds): the stamp buffer, cleared before a step, and the
+/* tools/serve_stamps.c (measurement builds): the stamp buffer, cleared before a step, and the
  * timeline of that step's last layer */
 void fattn_bench_stamps_open(serve *s);
 void fattn_bench_stamps_clear(void);

@@ -193,7 +193,7 @@ void fattn_bench_spec_round(serve *s, serve_result *r) {
   s->run_layers = s->layers;
 }
 
-/* Calls a host-time median is taken over: the host's slow phases (session 13 on) move a median
+/* Calls a host-time median is taken over: the host's slow phases move a median
  * of 21 by several us; each call grows the bs 256 sequences by a token, 4 loops of them. */
 enum { HOST_RUNS = 61 };
 

@@ -38,8 +38,6 @@ static fattn_status choose_backends(fattn_ctx *ctx, char *detail, size_t detail_
       continue;
     }
     if (want == FATTN_BACKEND_AUTO) want = auto_backend(mode, &l);
-    if (want == FATTN_BACKEND_FA4)
-      return FAIL(FATTN_ERR_UNSUPPORTED, "%s FA4: not built into this version of fattn", which);
     if (want == FATTN_BACKEND_FA3) {
 #ifdef FATTN_HAVE_SM90A
       if (!fattn__fa3_available())

@@ -66,7 +66,7 @@ typedef enum fattn_backend {
   FATTN_BACKEND_AUTO = 0, /* best available for the device */
   FATTN_BACKEND_FA2 = 1,  /* portable sm_80+ */
   FATTN_BACKEND_FA3 = 2,  /* Hopper sm_90a */
-  FATTN_BACKEND_FA4 = 3,  /* FA4-style prefill */
+  /* 3 is reserved (unused): fattn_create rejects it as an unknown backend. */
   FATTN_BACKEND_CPU = 4,  /* float64 reference on the host */
 } fattn_backend;
 

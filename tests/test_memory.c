@@ -101,6 +101,7 @@ START_TEST(plan_rejects_with_detail) {
   REJECT(c.max_batch = 0, FATTN_ERR_INVALID, "max_batch 0");
   REJECT(c.spec_topk = 2, FATTN_ERR_INVALID, "spec_draft_tokens 0");
   REJECT(c.prefill_backend = FATTN_BACKEND_FA2, FATTN_ERR_INVALID, "runs only the CPU backend");
+  REJECT(c.decode_backend = (fattn_backend)3, FATTN_ERR_INVALID, "decode_backend 3: unknown backend");
   REJECT(m.logit_softcap = NAN, FATTN_ERR_INVALID, "logit_softcap");
   REJECT((c.kv_budget_pages = 0xffffffffu, c.max_seq_len = 1), FATTN_ERR_OVERFLOW, "page ids are 32-bit");
   /* an overflow names the fields whose product overflows: 2^38 bytes a page here */

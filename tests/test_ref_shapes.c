@@ -9,7 +9,7 @@
 #include "tests/support_ref.h"
 
 /* Splits of one entry of a step of `entries` equal entries, Llama-3.1-8B's 8 kv heads, on 132
- * SMs at the default target (the shapes docs/perf.md's session 17 measured). */
+ * SMs at the default target (the shapes of docs/performance.md's split-count figures). */
 static uint32_t splits_kv(uint32_t mode, int kv_fp8, uint32_t entries, uint32_t q_len, uint32_t kv_len) {
   fattn__step_hdr h = {.mode = mode, .num_entries = entries, .max_splits = 32,
                        .target_ctas = FATTN__CTAS_PER_SM * 132u, .num_kv_heads = 8,

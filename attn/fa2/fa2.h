@@ -77,7 +77,7 @@ static inline fa2__args fa2__args_for(const fattn__layer_params &l, const fattn_
  * pay more than a deeper ring once a block takes longer than a DRAM round trip. The wide
  * (32-row) decode tile splits 64-slot blocks over two column warps, two stages deep (+5% on
  * verify against 32-slot blocks at four: half the steps in the same shared memory), at three
- * blocks an SM too (+13-15% on verify against one at 239 registers; session 18). */
+ * blocks an SM too (+13-15% on verify against one at 239 registers). */
 #ifndef FA2_DEC_NW
 #define FA2_DEC_NW 4
 #endif
@@ -95,8 +95,8 @@ static inline fa2__args fa2__args_for(const fattn__layer_params &l, const fattn_
 #define FA2_DEC_MINB_F8 FATTN__DECODE_RESIDENT_F8
 #endif
 /* With less than a wave of blocks nothing else hides a block's stalls, and a third stage (2
- * blocks an SM) measured +7-9% at bs 1 x 32768 where it lost 6-15% on full grids (perf.md,
- * decode round 3). */
+ * blocks an SM) measured +7-9% at bs 1 x 32768 where it lost 6-15% on full grids
+ * (docs/performance.md, decode). */
 #ifndef FA2_DEEP_ST
 #define FA2_DEEP_ST 3
 #endif
@@ -157,8 +157,8 @@ struct fa2__cfg {
   static constexpr int MINB = NW == 1 || HD > 128 ? 1 : ROWS == 32 ? FA2_WIDE_MINB : ST == FA2_DEEP_ST ? 2 : RESIDENT;
   /* Q fragments held in registers, except in the 2-stage 16-row decode kind with 16-bit KV and
    * the wide kind: there the 32 registers they take, under a 168-register cap, cost more than
-   * an ldmatrix of Q a block (bs 64 x 4096 -8%, with the swizzle below; docs/perf.md, session
-   * 17; verify -2%, session 18). fp8's 16-row fragments are converted as they load, so they
+   * an ldmatrix of Q a block (bs 64 x 4096 -8%, with the swizzle below; verify -2%;
+   * docs/performance.md, decode). fp8's 16-row fragments are converted as they load, so they
    * stay. */
   static constexpr bool QREG = HD <= 128 && (TR || (ROWS != 32 && (!EARLY || ALL_EARLY || CONV)));
   /* K and V tile rows: unpadded and swizzled where a row is whole 128-byte lines (fa2__at) in
@@ -281,8 +281,8 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
   /* The loop's lookups load their words two blocks before they use them: the compiler puts a
    * word's first use (its shift) right after its load, before the block's math, so a word
    * loaded in the same block stalled warps 0-1 for a miss's whole latency, at page 16 every
-   * other block (a 32-byte sector holds two blocks' words; bs 1 x 32768 +5%, docs/perf.md,
-   * session 20). These are blocks ST and ST + 1's. */
+   * other block (a 32-byte sector holds two blocks' words; bs 1 x 32768 +5%,
+   * docs/performance.md, decode). These are blocks ST and ST + 1's. */
   uint32_t word1 = tid < BN ? word_of(ST, tid, early) : 0u, word2 = tid < BN ? word_of(ST + 1, tid, early) : 0u;
   __syncthreads();
   if (C::EARLY && early) {
@@ -293,8 +293,8 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
     FATTN__STAMP(a.s.stamps, FATTN__K_DECODE, FATTN__AT_WAITED);
     load_q();
     /* The rest of the first stages' rows (this step's, and zeros past the range) by a loop of
-     * its own: as a second ranged copy of the same stages (session 12's U) it changed the main
-     * loop's code, ~23 more instructions a warp an iteration (perf.md, session 12). */
+     * its own: as a second ranged copy of the same stages it changed the main loop's code,
+     * ~23 more instructions a warp an iteration (docs/performance.md, decode). */
     const uint32_t rows = (uint32_t)min(nblk, ST - 1) * BN;
     const uint32_t f0 = min(max(e.kv_len - e.new_len, kb) - kb, rows);
     constexpr int CH = C::CK + C::CV;
@@ -431,7 +431,7 @@ __device__ __forceinline__ void fa2__work(const fa2__args &a, const fattn__entry
     /* Scores to the exp2 domain. The mask and the softcap are compile-time switches, one copy
      * of the loop for each of the four mixes: with runtime tests inside the unrolled loop, a
      * full block's path jumped over 16 inlined mask bodies spread over 67 KB of code, and
-     * verify stalled for instructions (docs/perf.md, session 19). */
+     * verify stalled for instructions (docs/performance.md, decode). */
     auto scale = [&](auto masked, auto capped) {
 #pragma unroll
       for (int nt = 0; nt < C::NS; nt++) {

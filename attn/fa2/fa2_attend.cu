@@ -16,7 +16,7 @@ extern "C" int fattn__fa2_supports(const fattn__layer_params *l) {
 
 /* Splits of a row whose partial O the combine holds in registers, up to FA2__FEW_ROWS rows a
  * warp (16 float4 a lane in registers, 144 a thread, held 3 blocks an SM, and verify's 16k rows
- * of 3 splits took 22 us after the decode kernel; docs/perf.md, session 18). */
+ * of 3 splits took 22 us after the decode kernel; docs/performance.md, decode). */
 #define FA2__FEW_SPLITS 4u
 #define FA2__FEW_ROWS 2u
 /* Rows of more splits are summed by chunks of FA2__CHUNK splits, in the same order whoever sums
@@ -265,16 +265,16 @@ __device__ __forceinline__ void fa2__merge_chunks(const fa2__args &a, const fatt
 /* Warps per (entry, query slot, rpw q heads), qpe query slots an entry: merge the split
  * partials of queries t = slot, slot + qpe, ... of split entries. WIDE false: a warp a unit; two
  * rows a warp (rpw 2) halve the rounds of a grid of more rows than one round holds (verify: 16k
- * rows of 3 splits, tail 16 -> 11.6 us; docs/perf.md, session 19). WIDE: a
+ * rows of 3 splits, tail 16 -> 11.6 us; docs/performance.md, decode). WIDE: a
  * block a unit of one row, whose splits its 4 warps share where there are more than
  * FA2__FEW_SPLITS, for grids of no more rows than SMs (bs 1 x 32768: a warp a row of 32 splits
- * issued 1,557 instructions at 4-6 cycles each; docs/perf.md, session 29). Two kernels, so that
+ * issued 1,557 instructions at 4-6 cycles each; docs/performance.md, decode). Two kernels, so that
  * the one-warp kernel of every larger grid keeps its own registers: one kernel with both paths
- * cost 1-2% of the serve step at bs 8-64 on rows that took neither (docs/perf.md, session 30).
+ * cost 1-2% of the serve step at bs 8-64 on rows that took neither (docs/performance.md, decode).
  * The entry is indexed, not searched, and read before the wait (attn/pdl.h), so that no chain
  * of loads follows it. Registers for FA2__COMBINE_BLOCKS (5) blocks an SM (96: no spill one
  * warp a row; WIDE spills 12 bytes stored, 20 loaded on sm_90a; two rows' 8 partial rows a
- * lane spilled 48 bytes at 6), against 3 that 144 registers allowed in session 17; the lands
+ * lane spilled 48 bytes at 6), against 3 that 144 registers allowed; the lands
  * (32 KiB and the block's 1 KiB reserve, of 228 KiB) would fit 6. */
 template <typename T, bool WIDE>
 __global__ void __launch_bounds__(128, FA2__COMBINE_BLOCKS)
@@ -370,7 +370,7 @@ extern "C" int fattn__fa2_attend(fattn__layer_params l, fattn__step_params s, co
   /* Four warps a row where the rows are no more than the SMs and an entry's most chunks fit
    * FA2__CSUM_BYTES, else one, and two rows a warp past one round of the combine's warps; a
    * row's result depends on neither, so a graph and its eager step may differ in them. Four
-   * warps a row up to a round lost 3-6% at bs 8 and 16 (H100; docs/perf.md, session 29): their
+   * warps a row up to a round lost 3-6% at bs 8 and 16 (H100; docs/performance.md, decode): their
    * rows have at most 4 splits, so 3 warps of 4 idled in 4 times the blocks. */
   const uint32_t rows = s.cap_entries * qpe * l.num_q_heads;
   const uint32_t round = FA2__COMBINE_BLOCKS * 4u * (uint32_t)fa2__sm_count();

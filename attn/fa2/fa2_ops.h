@@ -163,7 +163,7 @@ __device__ __forceinline__ uint32_t fa2__find(const fattn__entry *e, uint32_t n,
 /* Byte offset of 16-byte chunk c of tile row r. Rows of whole 128-byte lines (SW) are stored
  * unpadded with their chunks XOR-permuted by r & 7, so that ldmatrix's eight rows (r & 7 all
  * different) fall in eight different bank groups: a padded pitch does that too, but leaves rows
- * off 128-byte alignment, and the decode kind streamed 5% slower so (docs/perf.md, session 17). */
+ * off 128-byte alignment, and the decode kind streamed 5% slower so (docs/performance.md, decode). */
 template <int DROW, bool SW> __device__ __forceinline__ int fa2__at(int r, int c) {
   return r * DROW + (SW ? c ^ (r & 7) : c) * 16;
 }

@@ -53,7 +53,7 @@ extern "C" int fattn__fa3_encode_maps(const fattn__layer_params *l, void *maps) 
   return (int)cudaSuccess;
 }
 
-/* Build knob for a measurement (docs/perf.md, session 10): 1 runs fa3's own kernel on
+/* Build knob for a measurement (docs/performance.md, decode): 1 runs fa3's own kernel on
  * decode-like steps as well, which otherwise go to fa2's decode kernels. */
 #ifndef FA3_TAKES_DECODE
 #define FA3_TAKES_DECODE 0

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# sched_model.py: a model of fa3's persistent grid (docs/perf.md, v8): how evenly 132 blocks
+# sched_model.py: a model of fa3's persistent grid (docs/performance.md, prefill): how evenly 132 blocks
 # share the FA3-paper prefill shapes and varlen causal batches, statically and claimed.
 import heapq
 import random

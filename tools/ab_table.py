@@ -1,7 +1,7 @@
-"""ab_table.py: the table of bench/ab.sh: for every figure of the runs' CSVs, each side's
+"""ab_table.py: the table of tools/ab.sh: for every figure of the runs' CSVs, each side's
 median, range and count over its rounds, and its median over the first side's.
 
-  python3 bench/ab_table.py OUT_DIR NAME=... NAME=...   (the sides as ab.sh was given them)
+  python3 tools/ab_table.py OUT_DIR NAME=... NAME=...   (the sides as ab.sh was given them)
 
 serve.csv rows give `metric eager` and `metric graph` (ms; the host's issue and launch times
 and the kernel sum among them) and, for the sweep's rows, the graph's speed-up over eager;

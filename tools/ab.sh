@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # ab.sh: times builds or options against each other on the GPU machine, alternated round by
-# round so that the host's and the card's drift falls on every side alike (docs/perf.md).
+# round so that the host's and the card's drift falls on every side alike (docs/performance.md).
 #
-#   bench/ab.sh ROUNDS COMMAND NAME=DIR[,ARG...] ...
+#   tools/ab.sh ROUNDS COMMAND NAME=DIR[,ARG...] ...
 #
 # Each side runs `DIR/build/fattn-bench COMMAND ARG...` from DIR (a checkout, or a folder where
 # a gpu-bundle was unpacked), once a round; its log and CSV land in $OUT/ab (./ab-out without
 # $OUT), with the card's clocks, temperature and power read just before. Then
-# bench/ab_table.py prints each side's median and range of every CSV figure.
-#   bench/ab.sh 3 serve main=/tmp/main branch=. clustered=.,--max-splits,16
-#   bench/ab.sh 4 decode main=/tmp/main,--bs,1 branch=.,--bs,1,--max-splits,16
+# tools/ab_table.py prints each side's median and range of every CSV figure.
+#   tools/ab.sh 3 serve main=/tmp/main branch=. clustered=.,--max-splits,16
+#   tools/ab.sh 4 decode main=/tmp/main,--bs,1 branch=.,--bs,1,--max-splits,16
 set -u
 rounds=${1:?usage: ab.sh ROUNDS COMMAND NAME=DIR[,ARG...] ...}
 cmd=${2:?usage: ab.sh ROUNDS COMMAND NAME=DIR[,ARG...] ...}

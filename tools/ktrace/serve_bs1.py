@@ -1,10 +1,10 @@
-"""serve_bs1.py: the bs 1 decode steps of `fattn-bench serve` from ktrace files (bench/ktrace):
+"""serve_bs1.py: the bs 1 decode steps of `fattn-bench serve` from ktrace files (tools/ktrace):
 per file, quartiles of a step's device span (prep start to the last layer's end), the prep
 kernel, and a layer (store start to the next store start), graph steps and eager apart; then
 the graph layers' chain: each kernel's median start and end after its layer's store starts.
 
   KTRACE_OUT=k.txt CUDA_INJECTION64_PATH=$PWD/build/libktrace.so build/fattn-bench serve
-  python3 bench/ktrace/serve_bs1.py k.txt [k2.txt ...]
+  python3 tools/ktrace/serve_bs1.py k.txt [k2.txt ...]
 """
 import statistics
 import sys

@@ -1,9 +1,9 @@
-"""decode.py: kernel-alone times of `fattn-bench decode` from a ktrace file (bench/ktrace):
+"""decode.py: kernel-alone times of `fattn-bench decode` from a ktrace file (tools/ktrace):
 per shape, medians of the timed calls of the decode kernel, the combine, the span from the
 decode kernel's start to the combine's end, and the pure-read kernel; read / decode.
 
   KTRACE_OUT=k.txt CUDA_INJECTION64_PATH=$PWD/build/libktrace.so build/fattn-bench decode
-  python3 bench/ktrace/decode.py k.txt
+  python3 tools/ktrace/decode.py k.txt
 """
 import statistics
 import sys
