@@ -62,6 +62,7 @@ static void usage(void) {
           "  serve             the serving-step benchmark (prefill, decode eager/graph, speculative round)\n"
           "  decode            decode attention against a pure-read roofline (GPU)\n"
           "  prefill           prefill attention, the FA3 paper's shapes (GPU)\n"
+          "measurement lab (tools/):\n"
           "  copies            copy paths of paged KV into shared memory against whole-page reads (sm_90)\n");
 }
 
