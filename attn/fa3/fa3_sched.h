@@ -46,15 +46,16 @@ __device__ __forceinline__ uint32_t fa3__item_at(const fa3__args &a, uint32_t w,
   return num_tiles - 1u - r / in_pass;
 }
 
-/* Work item w of entry ei, made into its tile: rows, head and KV blocks. */
+/* Work item w of entry ei, made into its tile: rows (from row off of the item: 128 times the
+ * block's rank in a cluster), head and KV blocks. */
 template <int BN>
 __device__ __forceinline__ void fa3__tile_of(const fa3__args &a, uint32_t w, uint32_t ei, uint32_t num_tiles,
-                                             fa3__tile *t) {
+                                             uint32_t off, fa3__tile *t) {
   const fattn__step_hdr *hdr = a.k.s.hdr;
   const uint32_t b = fa3__item_at(a, w, num_tiles, &t->hq);
   t->e = a.k.s.entries[ei];
   const uint32_t local = b - t->e.tile_start;
-  t->R0 = local * 64u;
+  t->R0 = local * 64u + off;
   t->tree = hdr->mode == FATTN_MODE_TARGET_VERIFY && t->e.mask_row != UINT32_MAX && a.k.s.mask;
   const uint32_t last = min(t->R0 + 127u, t->e.q_len - 1u);
   fattn__kv_range r = fattn__rows_range(&a.k.l, (int)hdr->causal, t->tree, t->e.q_len, t->e.kv_len, t->R0, last);
@@ -63,34 +64,45 @@ __device__ __forceinline__ void fa3__tile_of(const fa3__args &a, uint32_t w, uin
   t->nblk = t->ke > t->kb ? (t->ke - t->kb + BN - 1u) / BN : 0u;
 }
 
-/* The scheduler's contract. Blocks are persistent; the producer's thread 0 runs it:
- * (sm: the shared-memory plan, whose sched_full / sched_empty mbarriers and ring_w / ring_entry
- * words are the ring)
- *   post(k)  claims the block's k-th item (k = 0: its own index; later ones from an atomic
- *            counter, so a block that drew short causal tiles takes more of them), skips the
- *            items that are second halves of 128-row tiles, finds the item's entry once, and
- *            posts both to a ring of two slots;
+/* The scheduler's contract. Blocks are persistent; the producer's thread 0 runs it (sm: the
+ * shared-memory plan, whose sched_full / sched_empty mbarriers and ring_w / ring_entry words
+ * are the ring):
+ *   post(k)  claims the block's k-th item, skips the items that do not start a work unit (a
+ *            unit is 128 rows a block of the cluster: items start on local planner tiles that
+ *            are multiples of 2 CL), finds the item's entry once, and posts both to a ring of
+ *            two slots. Alone (CL 1), the first item is the block's own index and later ones
+ *            come from an atomic counter, so a block that drew short causal tiles takes more
+ *            of them. A cluster of 2 (non-causal steps, where every unit of an entry costs
+ *            the same) walks the items statically, one cluster's after another's, so that
+ *            both blocks meet the same items without a word between them;
  *   take(k)  is each consumer warp's side: the k-th item, its slot freed;
  *   done()   the last block to finish puts the counter back to 0 for the next launch.
  * The producer runs stages ahead of the consumers, so a claim's round trip hides behind the
  * last stages of the tile before, and the entry's binary search is off the consumers' path. */
-static __device__ __noinline__ fa3__item fa3__claim(const fa3__args &a, uint32_t k, uint32_t work, uint32_t num_tiles) {
-  const uint32_t n = a.k.s.hdr->num_entries;
-  for (uint32_t w = k ? gridDim.x + atomicAdd(a.k.s.tile_counter, 1u) : blockIdx.x;;
-       w = gridDim.x + atomicAdd(a.k.s.tile_counter, 1u)) {
+template <int CL>
+static __device__ __noinline__ fa3__item fa3__claim(const fa3__args &a, uint32_t k, uint32_t from, uint32_t work,
+                                                    uint32_t num_tiles) {
+  const uint32_t n = a.k.s.hdr->num_entries, step = CL == 1 ? 0u : gridDim.x / CL;
+  uint32_t w = CL == 1 ? (k ? gridDim.x + atomicAdd(a.k.s.tile_counter, 1u) : blockIdx.x) : from;
+  for (;;) {
     if (w >= work) return fa3__item{w, 0u};
     uint32_t hq;
     const uint32_t b = fa3__item_at(a, w, num_tiles, &hq), ei = fa2__find(a.k.s.entries, n, b);
-    if (((b - a.k.s.entries[ei].tile_start) & 1u) == 0u) return fa3__item{w, ei}; /* a whole tile starts on an even local index */
+    if (((b - a.k.s.entries[ei].tile_start) & (2u * CL - 1u)) == 0u) return fa3__item{w, ei};
+    w = CL == 1 ? gridDim.x + atomicAdd(a.k.s.tile_counter, 1u) : w + step;
   }
 }
-template <typename P>
-__device__ __forceinline__ void fa3__sched_post(const fa3__args &a, P *sm, uint32_t k, uint32_t work, uint32_t num_tiles) {
-  const fa3__item item = fa3__claim(a, k, work, num_tiles);
+/* Posts the k-th item; from: where a cluster's static walk goes on (its last item + the
+ * clusters; its index first). Returns the item posted. */
+template <int CL, typename P>
+__device__ __forceinline__ uint32_t fa3__sched_post(const fa3__args &a, P *sm, uint32_t k, uint32_t from, uint32_t work,
+                                                    uint32_t num_tiles) {
+  const fa3__item item = fa3__claim<CL>(a, k, from, work, num_tiles);
   fa3__wait(&sm->sched_empty[k & 1u], ((k >> 1) & 1u) ^ 1u);
   sm->ring_w[k & 1u] = item.w;
   sm->ring_entry[k & 1u] = item.ei;
   fa3__arrive(&sm->sched_full[k & 1u]);
+  return item.w;
 }
 template <typename P> __device__ __forceinline__ fa3__item fa3__sched_take(P *sm, uint32_t k) {
   fa3__wait(&sm->sched_full[k & 1u], (k >> 1) & 1u);
