@@ -1,6 +1,7 @@
 /* kernels.c: `fattn-bench decode` and `fattn-bench prefill`. Times fattn_attend on paged KV
  * filled with random data, beside a pure-read kernel over the same pages (the roofline). */
 #include <cuda_runtime_api.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,6 +20,7 @@ typedef struct kshape {
   fattn_mode mode;
   uint32_t bs, q_len, kv_len, page, hq, hkv, d;
   fattn_dtype kv_dtype;
+  const uint32_t *lens; /* a varlen prefill: entry i's q_len = kv_len = lens[i] (q_len, kv_len: the longest) */
 } kshape;
 
 /* `prefill --backend fa2|fa3`: the prefill-side backend every context of the run uses. */
@@ -73,8 +75,10 @@ static fattn_ctx *make_ctx(const kshape *k, uint32_t *ids) {
   if (fattn_create(&c, &m, &ctx, detail, sizeof detail)) fail("fattn_create", detail);
   for (uint32_t i = 0; i < k->bs; i++) fattn_seq_open(ctx, &ids[i]);
   for (uint32_t len = k->page; len < k->kv_len + k->page; len += k->page)
-    for (uint32_t i = 0; i < k->bs; i++)
-      if (fattn_seq_reserve(ctx, ids[i], len < k->kv_len ? len : k->kv_len)) fail("reserve", fattn_detail(ctx));
+    for (uint32_t i = 0; i < k->bs; i++) {
+      const uint32_t kv = k->lens ? k->lens[i] : k->kv_len;
+      if (len < kv + k->page && fattn_seq_reserve(ctx, ids[i], len < kv ? len : kv)) fail("reserve", fattn_detail(ctx));
+    }
   fattn__layer_params l = fattn__layer_params_for(ctx, 0);
   size_t n = (size_t)l.num_pages * l.page_size * l.num_kv_heads * l.head_dim;
   if (fattn_test_gpu_randn(l.k_pool, n, k->kv_dtype, 1.0f, 11) || fattn_test_gpu_randn(l.v_pool, n, k->kv_dtype, 1.0f, 12))
@@ -117,10 +121,16 @@ static void run_shape(const kshape *k, FILE *csv) {
   if (roofline_ring && (k->d != 128 || k->kv_dtype == FATTN_DTYPE_FP8_E4M3)) return; /* the ring's shapes only */
   uint32_t *ids = malloc(k->bs * sizeof *ids), *q_lens = malloc(k->bs * sizeof *q_lens);
   fattn_ctx *ctx = make_ctx(k, ids);
-  for (uint32_t i = 0; i < k->bs; i++) q_lens[i] = k->q_len;
+  uint32_t qn = 0;
+  double seen = 0; /* query-slot pairs a head sees (a causal query: the prefix and itself) */
+  for (uint32_t i = 0; i < k->bs; i++) {
+    const double q = k->lens ? k->lens[i] : k->q_len, kv = k->lens ? k->lens[i] : k->kv_len;
+    q_lens[i] = (uint32_t)q;
+    qn += q_lens[i];
+    seen += k->mode == FATTN_MODE_PREFILL ? q * (kv - q) + q * (q + 1) / 2 : q * kv;
+  }
   fattn_batch b = FATTN_BATCH_INIT;
   b.mode = k->mode, b.num_seqs = k->bs, b.seq_ids = ids, b.q_lens = q_lens;
-  uint32_t qn = k->bs * k->q_len;
   void *q, *out;
   float *sink;
   cudaMalloc(&q, (size_t)qn * k->hq * k->d * 2);
@@ -132,11 +142,9 @@ static void run_shape(const kshape *k, FILE *csv) {
   double ms = time_it(ctx, 0, q, out, k->bs, sink, &mhz), read_ms = time_it(ctx, 1, q, out, k->bs, sink, &read_mhz);
   double elem = k->kv_dtype == FATTN_DTYPE_FP8_E4M3 ? 1 : 2;
   double bytes = (double)k->bs * k->kv_len * k->hkv * k->d * 2 * elem;
-  /* causal: each query sees the prefix and half the new block on average */
-  double seen = k->mode == FATTN_MODE_PREFILL ? (double)(k->kv_len - k->q_len) + k->q_len / 2.0 : (double)k->kv_len;
-  double flops = 4.0 * k->bs * k->hq * k->q_len * seen * k->d;
+  double flops = 4.0 * k->hq * seen * k->d;
   const char *mode = k->mode == FATTN_MODE_DECODE ? "decode" : k->mode == FATTN_MODE_TARGET_VERIFY ? "verify"
-                     : k->mode == FATTN_MODE_PREFILL ? "causal" : "noncausal";
+                     : k->lens ? "varlen" : k->mode == FATTN_MODE_PREFILL ? "causal" : "noncausal";
   const char *dt = k->kv_dtype == FATTN_DTYPE_FP8_E4M3 ? "fp8" : "bf16";
   printf("%-9s %4u %6u %6u %4u %3u/%-2u %4u %-4s %9.4f %8.1f %8.1f %6.3f %8.1f %5.0f/%-4.0f\n", mode, k->bs, k->q_len,
          k->kv_len, k->page, k->hq, k->hkv, k->d, dt, ms, bytes / ms / 1e6, bytes / read_ms / 1e6, read_ms / ms,
@@ -182,16 +190,16 @@ int fattn_bench_decode(int argc, char **argv) {
   }
   if (!fattn_bench_has_gpu()) fail("fattn-bench decode", "needs a CUDA device");
   static const kshape shapes[] = {
-      {FATTN_MODE_DECODE, 64, 1, 4096, 16, 32, 8, 128, FATTN_DTYPE_BF16},
-      {FATTN_MODE_DECODE, 64, 1, 4096, 128, 32, 8, 128, FATTN_DTYPE_BF16},
-      {FATTN_MODE_DECODE, 128, 1, 8192, 16, 32, 8, 128, FATTN_DTYPE_BF16},
-      {FATTN_MODE_DECODE, 128, 1, 8192, 128, 32, 8, 128, FATTN_DTYPE_BF16},
-      {FATTN_MODE_DECODE, 1, 1, 32768, 16, 32, 8, 128, FATTN_DTYPE_BF16},
-      {FATTN_MODE_DECODE, 1, 1, 32768, 128, 32, 8, 128, FATTN_DTYPE_BF16},
-      {FATTN_MODE_DECODE, 64, 1, 4096, 1, 32, 8, 128, FATTN_DTYPE_BF16},
-      {FATTN_MODE_DECODE, 64, 1, 4096, 16, 32, 8, 128, FATTN_DTYPE_FP8_E4M3},
-      {FATTN_MODE_DECODE, 128, 1, 8192, 16, 32, 8, 128, FATTN_DTYPE_FP8_E4M3},
-      {FATTN_MODE_TARGET_VERIFY, 64, 8, 4096, 16, 32, 8, 128, FATTN_DTYPE_BF16},
+      {FATTN_MODE_DECODE, 64, 1, 4096, 16, 32, 8, 128, FATTN_DTYPE_BF16, NULL},
+      {FATTN_MODE_DECODE, 64, 1, 4096, 128, 32, 8, 128, FATTN_DTYPE_BF16, NULL},
+      {FATTN_MODE_DECODE, 128, 1, 8192, 16, 32, 8, 128, FATTN_DTYPE_BF16, NULL},
+      {FATTN_MODE_DECODE, 128, 1, 8192, 128, 32, 8, 128, FATTN_DTYPE_BF16, NULL},
+      {FATTN_MODE_DECODE, 1, 1, 32768, 16, 32, 8, 128, FATTN_DTYPE_BF16, NULL},
+      {FATTN_MODE_DECODE, 1, 1, 32768, 128, 32, 8, 128, FATTN_DTYPE_BF16, NULL},
+      {FATTN_MODE_DECODE, 64, 1, 4096, 1, 32, 8, 128, FATTN_DTYPE_BF16, NULL},
+      {FATTN_MODE_DECODE, 64, 1, 4096, 16, 32, 8, 128, FATTN_DTYPE_FP8_E4M3, NULL},
+      {FATTN_MODE_DECODE, 128, 1, 8192, 16, 32, 8, 128, FATTN_DTYPE_FP8_E4M3, NULL},
+      {FATTN_MODE_TARGET_VERIFY, 64, 8, 4096, 16, 32, 8, 128, FATTN_DTYPE_BF16, NULL},
   };
   FILE *csv = fopen("build/decode.csv", "w");
   if (!csv) fail("build/decode.csv", "cannot write");
@@ -209,43 +217,75 @@ int fattn_bench_decode(int argc, char **argv) {
   return 0;
 }
 
+/* The shapes serving engines run most, Llama-3.1-8B heads (32 q / 8 kv, d 128): extend (chunked
+ * prefill) of q 512 / 2k / 8k new tokens over cached prefixes of 0 / 8k / 32k, bs 1 and 16, at
+ * pages 16 and 128; then a varlen batch of 16 prompts drawn from 64 to 8k tokens. */
+static void serve_rows(FILE *csv) {
+  static const uint32_t qs[3] = {512, 2048, 8192}, prefixes[3] = {0, 8192, 32768}, bss[2] = {1, 16}, pages[2] = {16, 128};
+  for (int pi = 0; pi < 2; pi++)
+    for (int bi = 0; bi < 2; bi++)
+      for (int qi = 0; qi < 3; qi++)
+        for (int xi = 0; xi < 3; xi++) {
+          kshape k = {FATTN_MODE_PREFILL, bss[bi], qs[qi], prefixes[xi] + qs[qi], pages[pi], 32, 8, 128, FATTN_DTYPE_BF16,
+                      NULL};
+          run_shape(&k, csv);
+        }
+  uint32_t lens[16], longest = 0, seed = 12345u;
+  for (int i = 0; i < 16; i++) { /* log-uniform over [64, 8192], a fixed draw */
+    seed = seed * 1664525u + 1013904223u;
+    lens[i] = (uint32_t)(64.0 * exp2((double)(seed >> 8) / (double)(1u << 24) * 7.0));
+    longest = lens[i] > longest ? lens[i] : longest;
+  }
+  for (int pi = 0; pi < 2; pi++) {
+    kshape k = {FATTN_MODE_PREFILL, 16, longest, longest, pages[pi], 32, 8, 128, FATTN_DTYPE_BF16, lens};
+    run_shape(&k, csv);
+  }
+}
+
 /* The FA3 paper's setup: 16k tokens a batch, hidden 2048, bf16, causal and non-causal; then
- * the same d 128 x 8k shape over other page sizes, and extend (q 512 over an 8k prefix).
- * Options: --backend fa2|fa3 (default AUTO), --csv PATH, --only D,SEQ (that non-causal paper
- * shape alone: for profilers). */
+ * the same d 128 x 8k shape over other page sizes, extend (q 512 over an 8k prefix), and the
+ * serving rows (serve_rows). Options: --backend fa2|fa3 (default AUTO), --csv PATH, --rows
+ * paper|serve|all (default all), --only D,SEQ[,causal] (that paper shape alone, non-causal
+ * unless causal is 1: for profilers). */
 int fattn_bench_prefill(int argc, char **argv) {
-  const char *path = "build/prefill.csv";
-  unsigned only_d = 0, only_seq = 0;
+  const char *path = "build/prefill.csv", *rows = "all";
+  unsigned only_d = 0, only_seq = 0, only_causal = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (backend_arg(argv[i], argv[i + 1], &prefill_backend)) continue;
     if (strcmp(argv[i], "--csv") == 0) path = argv[i + 1];
-    else if (strcmp(argv[i], "--only") == 0 && sscanf(argv[i + 1], "%u,%u", &only_d, &only_seq) == 2) continue;
-    else fail("fattn-bench prefill", "options: --backend fa2|fa3, --csv PATH, --only D,SEQ");
+    else if (strcmp(argv[i], "--rows") == 0 &&
+             (!strcmp(argv[i + 1], "paper") || !strcmp(argv[i + 1], "serve") || !strcmp(argv[i + 1], "all")))
+      rows = argv[i + 1];
+    else if (strcmp(argv[i], "--only") == 0 && sscanf(argv[i + 1], "%u,%u,%u", &only_d, &only_seq, &only_causal) >= 2)
+      continue;
+    else fail("fattn-bench prefill", "options: --backend fa2|fa3, --csv PATH, --rows paper|serve|all, --only D,SEQ[,1]");
   }
   if (!fattn_bench_has_gpu()) fail("fattn-bench prefill", "needs a CUDA device");
   FILE *csv = fopen(path, "w");
   if (!csv) fail(path, "cannot write");
   fprintf(csv, "mode,bs,q,kv,page,hq,hkv,d,kv_dtype,ms,gbps,read_gbps,tflops,mhz,read_mhz\n");
-  printf("fattn prefill attention (FA3 paper setup: 16k tokens, hidden 2048), page 128, median of 21;"
-         " GPU timing (calls queued behind a holding kernel)\n");
+  printf("fattn prefill attention (FA3 paper setup: 16k tokens, hidden 2048, page 128; then serving shapes),"
+         " median of 21; GPU timing (calls queued behind a holding kernel)\n");
   header();
   static const uint32_t dims[3] = {64, 128, 256}, lens[6] = {512, 1024, 2048, 4096, 8192, 16384};
-  for (int di = 0; di < 3; di++)
+  const int paper = strcmp(rows, "serve") != 0, serve = strcmp(rows, "paper") != 0 && !only_d;
+  for (int di = 0; di < 3 && paper; di++)
     for (int li = 0; li < 6; li++)
       for (int causal = 1; causal >= 0; causal--) {
-        if (only_d && (dims[di] != only_d || lens[li] != only_seq || causal)) continue;
+        if (only_d && (dims[di] != only_d || lens[li] != only_seq || causal != (int)(only_causal == 1))) continue;
         uint32_t len = lens[li], h = 2048 / dims[di];
         kshape k = {causal ? FATTN_MODE_PREFILL : FATTN_MODE_CROSS, 16384 / len, len, len, 128, h, h, dims[di],
-                    FATTN_DTYPE_BF16};
+                    FATTN_DTYPE_BF16, NULL};
         run_shape(&k, csv);
       }
   static const uint32_t pages[3] = {16, 64, 256};
-  for (int p = 0; p < 3 && !only_d; p++) {
-    kshape k = {FATTN_MODE_CROSS, 2, 8192, 8192, pages[p], 16, 16, 128, FATTN_DTYPE_BF16};
+  for (int p = 0; p < 3 && paper && !only_d; p++) {
+    kshape k = {FATTN_MODE_CROSS, 2, 8192, 8192, pages[p], 16, 16, 128, FATTN_DTYPE_BF16, NULL};
     run_shape(&k, csv);
   }
-  kshape ext = {FATTN_MODE_PREFILL, 8, 512, 8192 + 512, 128, 32, 8, 128, FATTN_DTYPE_BF16};
-  if (!only_d) run_shape(&ext, csv);
+  kshape ext = {FATTN_MODE_PREFILL, 8, 512, 8192 + 512, 128, 32, 8, 128, FATTN_DTYPE_BF16, NULL};
+  if (paper && !only_d) run_shape(&ext, csv);
+  if (serve) serve_rows(csv);
   fclose(csv);
   printf("csv: %s\n", path);
   return 0;

@@ -1,7 +1,7 @@
 # peers.py: times peer attention (PyTorch SDPA's cuDNN and FlashAttention-2 backends,
 # FlexAttention, and FlashAttention-3 / -4 where their wheels are installed) on the shapes of
 # `fattn-bench decode` / `prefill`, on the GPU machine only.
-# Usage: python3 bench/peers/peers.py [decode|prefill|all] [--timing gpu|host]  (reads build/*.csv
+# Usage: python3 bench/peers/peers.py [decode|prefill|serve|all] [--timing gpu|host]  (reads build/*.csv
 # for ratios); `peers.py one cudnn|fa2|FA3|FA4 D SEQ CAUSAL` runs one prefill shape (for ncu).
 # Timing as fattn-bench's: gpu (default) queues each timed call behind a ~200 us spin
 # (torch.cuda._sleep), so that the events time the GPU's work and not PyTorch's host path;
@@ -27,6 +27,10 @@ try:  # fa3-fwd: FlashAttention-3's Hopper forward kernels ([bs, seq, heads, d] 
     from fa3_fwd_interface import flash_attn_func as FA3_FUNC
 except Exception:
     FA3_FUNC = None
+try:
+    from fa3_fwd_interface import flash_attn_varlen_func as FA3_VARLEN
+except Exception:
+    FA3_VARLEN = None
 try:  # flash-attn-4: FlashAttention-4's CuTe kernels, SM90 path
     from flash_attn.cute.interface import flash_attn_func as FA4_FUNC
 except Exception:
@@ -153,6 +157,64 @@ def prefill():
             torch.cuda.empty_cache()
 
 
+def serve():
+    """The serving rows of `fattn-bench prefill` (Llama-3.1-8B heads): extend of q new tokens
+    over a cached prefix (causal, queries aligned to the end of the KV), then the varlen batch."""
+    ours = read_csv("build/prefill_fa3.csv")
+    print("prefill, serving shapes (32 q / 8 kv heads, d 128, bf16), TFLOP/s; peers contiguous, fattn paged")
+    print(f"{'bs':>3} {'q':>6} {'prefix':>6} {'cudnn':>8} {'FA3':>8} {'fattn16':>8} {'fattn128':>8} {'/best':>6}")
+    for bs in (1, 16):
+        for ql in (512, 2048, 8192):
+            for prefix in (0, 8192, 32768):
+                kv = prefix + ql
+                q = torch.randn(bs, 32, ql, 128, device="cuda", dtype=torch.bfloat16)
+                k = torch.randn(bs, 8, kv, 128, device="cuda", dtype=torch.bfloat16)
+                v = torch.randn_like(k)
+                flops = 4 * bs * 32 * 128 * (ql * prefix + ql * (ql + 1) / 2)
+                t = {"cudnn": None, "FA3": None}
+                if prefix == 0:
+                    t["cudnn"] = try_time(sdpa("cudnn", q, k, v, True))
+                else:
+                    from torch.nn.attention.bias import causal_lower_right
+                    bias = causal_lower_right(ql, kv)
+                    def run(q=q, k=k, v=v, bias=bias):
+                        with sdpa_kernel(BACKENDS["cudnn"]):
+                            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True)
+                    t["cudnn"] = try_time(run)
+                if FA3_FUNC is not None:
+                    qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+                    t["FA3"] = try_time(lambda: FA3_FUNC(qt, kt, vt, causal=True))
+                    del qt, kt, vt
+                rate = {n: (flops / (ms / 1e3) / 1e12 if ms else None) for n, ms in t.items()}
+                f = {p: ours.get(("causal", bs, kv, 128, "bf16", p)) for p in (16, 128)}
+                r = {p: float(f[p]["tflops"]) if f[p] else None for p in f}
+                best = max((x for x in rate.values() if x), default=None)
+                ratio = f"{r[16] / best:6.2f}" if r[16] and best else "   n/a"
+                print(f"{bs:3} {ql:6} {prefix:6} {fmt(rate['cudnn'])} {fmt(rate['FA3'])} {fmt(r[16])} {fmt(r[128])} {ratio}")
+                del q, k, v
+                torch.cuda.empty_cache()
+    # the varlen batch: the same draw as fattn-bench's
+    lens, seed = [], 12345
+    for _ in range(16):
+        seed = (seed * 1664525 + 1013904223) % (1 << 32)
+        lens.append(int(64.0 * 2 ** ((seed >> 8) / (1 << 24) * 7.0)))
+    total, longest = sum(lens), max(lens)
+    flops = 4 * 32 * 128 * sum(n * (n + 1) / 2 for n in lens)
+    q = torch.randn(total, 32, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(total, 8, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    cu = torch.tensor([0] + list(__import__("itertools").accumulate(lens)), device="cuda", dtype=torch.int32)
+    fa3 = None
+    if FA3_VARLEN is not None:
+        fa3 = try_time(lambda: FA3_VARLEN(q, k, v, cu, cu, longest, longest, causal=True))
+    rate = flops / (fa3 / 1e3) / 1e12 if fa3 else None
+    f = {p: ours.get(("varlen", 16, longest, 128, "bf16", p)) for p in (16, 128)}
+    r = {p: float(f[p]["tflops"]) if f[p] else None for p in f}
+    ratio = f"{r[16] / rate:6.2f}" if r[16] and rate else "   n/a"
+    print(f"varlen 16 prompts of 64..8k (longest {longest}, {total} tokens): FA3 {fmt(rate)} fattn16 {fmt(r[16])} "
+          f"fattn128 {fmt(r[128])} {ratio}")
+
+
 def one(name, d, seq, causal):
     """Runs one peer on one prefill shape of the paper setup five times (for ncu)."""
     bs, h = 16384 // seq, 2048 // d
@@ -177,3 +239,5 @@ if __name__ == "__main__":
         decode()
     if what in ("prefill", "all"):
         prefill()
+    if what in ("serve", "all"):
+        serve()
