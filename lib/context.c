@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "attn/backend.h"
+#include "attn/devices.h"
 #include "graph/graph.h"
 #include "lib/internal.h"
 
@@ -91,6 +92,9 @@ static fattn_status open_device(const fattn__norm *n, uint32_t *num_sms, char *d
   }
   if (n->cfg.device >= count)
     return FAIL(FATTN_ERR_NO_DEVICE, "device %d: only %d CUDA devices", n->cfg.device, count);
+  if (n->cfg.device >= FATTN__MAX_DEVICES)
+    return FAIL(FATTN_ERR_UNSUPPORTED, "device %d: fattn serves device ordinals below %d", n->cfg.device,
+                FATTN__MAX_DEVICES);
   struct cudaDeviceProp prop;
   if (cudaSetDevice(n->cfg.device) != cudaSuccess ||
       cudaGetDeviceProperties(&prop, n->cfg.device) != cudaSuccess)
@@ -101,6 +105,26 @@ static fattn_status open_device(const fattn__norm *n, uint32_t *num_sms, char *d
   *num_sms = (uint32_t)prop.multiProcessorCount;
   (void)fattn__pdl_on();
   return FATTN_OK;
+}
+
+/* The calling thread's current CUDA device, -1 where none can be read. */
+static int current_device(void) {
+  int dev = -1;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    cudaGetLastError();
+    dev = -1;
+  }
+  return dev;
+}
+
+fattn_status fattn__on_device(fattn_ctx *ctx, const char *call) {
+  if (ctx->device < 0) return FATTN_OK;
+  const int dev = current_device();
+  if (dev == ctx->device) return FATTN_OK;
+  return fattn__fail(ctx, FATTN_ERR_STATE,
+                     "%s: the calling thread's current CUDA device is %d, the context's is device %d "
+                     "(cudaSetDevice(%d) first)",
+                     call, dev, ctx->device, ctx->device);
 }
 
 static void release(fattn_ctx *ctx) {
@@ -193,26 +217,18 @@ static fattn_status copy_model(fattn_ctx *ctx, const fattn_model *model, char *d
   return FATTN_OK;
 }
 
-fattn_status fattn_create(const fattn_config *cfg, const fattn_model *model, fattn_ctx **out,
-                          char *detail, size_t detail_len) {
-  if (detail && detail_len) detail[0] = '\0';
-  if (!out) return FAIL(FATTN_ERR_INVALID, "out must not be NULL");
-  *out = NULL;
-  fattn__norm n;
-  fattn__layout lay;
-  fattn_memory_report r = FATTN_MEMORY_REPORT_INIT;
-  fattn_model m_local; /* the model's arrays, read at create: an older caller's struct may lack them */
-  fattn_status st = fattn__normalize(cfg, model, &n, detail, detail_len);
-  if (!st) model = fattn__abi_read(&fattn__abi_model, model, &m_local);
-  if (!st) st = fattn__layout_compute(&n, &lay, &r, detail, detail_len);
-  uint32_t sms = 132; /* the CPU backend plans as for an H200 so that plans are comparable */
-  if (!st && !n.on_cpu) st = open_device(&n, &sms, detail, detail_len);
-  if (st) return st;
+/* fattn_create's work once the context's device is current (open_device makes it so and
+ * leaves it so: giving an older device back could start a CUDA context on a device the caller
+ * never used). */
+static fattn_status create_on_device(const fattn__norm *n, const fattn__layout *lay, const fattn_memory_report *r,
+                                     const fattn_model *model, uint32_t sms, fattn_ctx **out, char *detail,
+                                     size_t detail_len) {
+  fattn_status st;
   fattn_ctx *ctx = NULL;
-  if ((st = take_memory(&n, &lay, &r, &ctx, detail, detail_len))) return st;
+  if ((st = take_memory(n, lay, r, &ctx, detail, detail_len))) return st;
   ctx->num_sms = sms;
-  ctx->decode_resident = fattn__decode_resident(n.cfg.kv_dtype == FATTN_DTYPE_FP8_E4M3, n.model.head_dim,
-                                                n.model.num_q_heads / n.model.num_kv_heads);
+  ctx->decode_resident = fattn__decode_resident(n->cfg.kv_dtype == FATTN_DTYPE_FP8_E4M3, n->model.head_dim,
+                                                n->model.num_q_heads / n->model.num_kv_heads);
   if ((st = copy_model(ctx, model, detail, detail_len)) || (st = choose_backends(ctx, detail, detail_len)) ||
       (st = make_tmaps(ctx, detail, detail_len)) ||
       (st = fattn__pages_init(ctx)) || (st = fattn__graphs_init(ctx))) {
@@ -226,11 +242,30 @@ fattn_status fattn_create(const fattn_config *cfg, const fattn_model *model, fat
   return FATTN_OK;
 }
 
+fattn_status fattn_create(const fattn_config *cfg, const fattn_model *model, fattn_ctx **out,
+                          char *detail, size_t detail_len) {
+  if (detail && detail_len) detail[0] = '\0';
+  if (!out) return FAIL(FATTN_ERR_INVALID, "out must not be NULL");
+  *out = NULL;
+  fattn__norm n;
+  fattn__layout lay;
+  fattn_memory_report r = FATTN_MEMORY_REPORT_INIT;
+  fattn_model m_local; /* the model's arrays, read at create: an older caller's struct may lack them */
+  fattn_status st = fattn__normalize(cfg, model, &n, detail, detail_len);
+  if (!st) model = fattn__abi_read(&fattn__abi_model, model, &m_local);
+  if (!st) st = fattn__layout_compute(&n, &lay, &r, detail, detail_len);
+  if (st) return st;
+  uint32_t sms = 132; /* the CPU backend plans as for an H200 so that plans are comparable */
+  if (!n.on_cpu && (st = open_device(&n, &sms, detail, detail_len))) return st;
+  return create_on_device(&n, &lay, &r, model, sms, out, detail, detail_len);
+}
+
 fattn_status fattn_destroy(fattn_ctx *ctx, int force) {
   if (!ctx) return FATTN_OK;
   uint32_t open = fattn__seqs_open(&ctx->pages);
   if (open && !force)
     return fattn__fail(ctx, FATTN_ERR_BUSY, "%u sequences still open (close them or force)", open);
+  if (ctx->device >= 0 && current_device() != ctx->device) cudaSetDevice(ctx->device); /* left current */
   release(ctx);
   return FATTN_OK;
 }
