@@ -10,8 +10,17 @@
 
 enum { LAYERS = 2, HQ = 8, HKV = 2, D = 128, SEQS = 4, CAP = 256, STEPS = 12 };
 
+/* What the threads of one case share. Captures are global (cudaStreamCaptureModeGlobal): while
+ * one thread captures, no thread may make a call that could synchronise (cudaMalloc, a
+ * synchronous copy), so the captures take turns between two barriers. */
+typedef struct together {
+  pthread_mutex_t capture;
+  pthread_barrier_t set_up, captured;
+} together;
+
 /* One thread's context and what it made: the decode outputs of every step, or a failure. */
 typedef struct run {
+  together *with; /* NULL: alone */
   int device;
   uint64_t seed;
   fattn_ctx *ctx;
@@ -48,6 +57,7 @@ static void layers(void *user, void *stream) {
 static void *script(void *arg) {
   run *r = arg;
   char why[256] = "";
+  int met = 0; /* the barriers passed: a failing thread still meets the other at both */
   TRY(r, "cudaSetDevice", cudaSetDevice(r->device) == cudaSuccess);
   fattn_config c;
   fattn_model m;
@@ -63,7 +73,7 @@ static void *script(void *arg) {
   c.graph_modes = 1u << FATTN_MODE_DECODE;
   if (fattn_create(&c, &m, &r->ctx, why, sizeof why) != FATTN_OK) {
     snprintf(r->failed, sizeof r->failed, "fattn_create on device %d: %s", r->device, why);
-    return NULL;
+    goto out;
   }
   TRY(r, "stream", cudaStreamCreate(&r->stream) == cudaSuccess);
   TRY(r, "buffers", cudaMalloc(&r->q, (size_t)CAP * HQ * D * 2) == cudaSuccess &&
@@ -85,7 +95,12 @@ static void *script(void *arg) {
   b.mode = FATTN_MODE_PREFILL, b.num_seqs = SEQS, b.seq_ids = ids, b.q_lens = lens;
   TRY(r, "fattn_plan (prefill)", fattn_plan(r->ctx, &b, r->stream) == FATTN_OK);
   layers(r, r->stream);
-  TRY(r, "capture", !r->failed[0] && fattn_graph_capture(r->ctx, FATTN_MODE_DECODE, SEQS, layers, r) == FATTN_OK);
+  TRY(r, "prefill", !r->failed[0] && cudaStreamSynchronize(r->stream) == cudaSuccess);
+  if (r->with) pthread_barrier_wait(&r->with->set_up), pthread_mutex_lock(&r->with->capture);
+  fattn_status captured = fattn_graph_capture(r->ctx, FATTN_MODE_DECODE, SEQS, layers, r);
+  if (r->with) pthread_mutex_unlock(&r->with->capture), pthread_barrier_wait(&r->with->captured);
+  met = 1;
+  TRY(r, "capture", !r->failed[0] && captured == FATTN_OK);
   b = (fattn_batch)FATTN_BATCH_INIT;
   b.num_seqs = SEQS, b.seq_ids = ids;
   for (uint32_t s = 0; s < STEPS; s++) {
@@ -107,6 +122,7 @@ static void *script(void *arg) {
   }
   TRY(r, "fattn_check", fattn_check(r->ctx) == FATTN_OK);
 out:
+  if (r->with && !met) pthread_barrier_wait(&r->with->set_up), pthread_barrier_wait(&r->with->captured);
   if (r->stream) cudaStreamSynchronize(r->stream);
   void *bufs[5] = {r->q, r->k, r->v, r->out, r->lse};
   for (int i = 0; i < 5; i++) cudaFree(bufs[i]);
@@ -136,9 +152,18 @@ static void alone_then_together(int dev0, int dev1) {
     script(&alone[i]);
     ck_assert_msg(!alone[i].failed[0], "alone %d: %s", i, alone[i].failed);
   }
+  together with;
+  pthread_mutex_init(&with.capture, NULL);
+  pthread_barrier_init(&with.set_up, NULL, 2);
+  pthread_barrier_init(&with.captured, NULL, 2);
   pthread_t t[2];
-  for (int i = 0; i < 2; i++) ck_assert_int_eq(pthread_create(&t[i], NULL, script, &both[i]), 0);
+  for (int i = 0; i < 2; i++) {
+    both[i].with = &with;
+    ck_assert_int_eq(pthread_create(&t[i], NULL, script, &both[i]), 0);
+  }
   for (int i = 0; i < 2; i++) ck_assert_int_eq(pthread_join(t[i], NULL), 0);
+  pthread_barrier_destroy(&with.set_up), pthread_barrier_destroy(&with.captured);
+  pthread_mutex_destroy(&with.capture);
   for (int i = 0; i < 2; i++) {
     ck_assert_msg(!both[i].failed[0], "thread %d: %s", i, both[i].failed);
     ck_assert_msg(memcmp(both[i].got, alone[i].got, (size_t)STEPS * SEQS * HQ * D * 2) == 0,
