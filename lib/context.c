@@ -95,6 +95,8 @@ static fattn_status open_device(const fattn__norm *n, uint32_t *num_sms, char *d
   if (n->cfg.device >= FATTN__MAX_DEVICES)
     return FAIL(FATTN_ERR_UNSUPPORTED, "device %d: fattn serves device ordinals below %d", n->cfg.device,
                 FATTN__MAX_DEVICES);
+  /* The context's device stays current after fattn_create: giving the caller's back could
+   * start a CUDA context on a device the process never meant to use. */
   struct cudaDeviceProp prop;
   if (cudaSetDevice(n->cfg.device) != cudaSuccess ||
       cudaGetDeviceProperties(&prop, n->cfg.device) != cudaSuccess)
@@ -217,31 +219,6 @@ static fattn_status copy_model(fattn_ctx *ctx, const fattn_model *model, char *d
   return FATTN_OK;
 }
 
-/* fattn_create's work once the context's device is current (open_device makes it so and
- * leaves it so: giving an older device back could start a CUDA context on a device the caller
- * never used). */
-static fattn_status create_on_device(const fattn__norm *n, const fattn__layout *lay, const fattn_memory_report *r,
-                                     const fattn_model *model, uint32_t sms, fattn_ctx **out, char *detail,
-                                     size_t detail_len) {
-  fattn_status st;
-  fattn_ctx *ctx = NULL;
-  if ((st = take_memory(n, lay, r, &ctx, detail, detail_len))) return st;
-  ctx->num_sms = sms;
-  ctx->decode_resident = fattn__decode_resident(n->cfg.kv_dtype == FATTN_DTYPE_FP8_E4M3, n->model.head_dim,
-                                                n->model.num_q_heads / n->model.num_kv_heads);
-  if ((st = copy_model(ctx, model, detail, detail_len)) || (st = choose_backends(ctx, detail, detail_len)) ||
-      (st = make_tmaps(ctx, detail, detail_len)) ||
-      (st = fattn__pages_init(ctx)) || (st = fattn__graphs_init(ctx))) {
-    if (st == FATTN_ERR_NOMEM && detail && detail_len && !detail[0])
-      FAIL(st, "host tables: the pinned slab's heap is too small");
-    release(ctx);
-    return st;
-  }
-  ctx->detail[0] = '\0';
-  *out = ctx;
-  return FATTN_OK;
-}
-
 fattn_status fattn_create(const fattn_config *cfg, const fattn_model *model, fattn_ctx **out,
                           char *detail, size_t detail_len) {
   if (detail && detail_len) detail[0] = '\0';
@@ -254,10 +231,25 @@ fattn_status fattn_create(const fattn_config *cfg, const fattn_model *model, fat
   fattn_status st = fattn__normalize(cfg, model, &n, detail, detail_len);
   if (!st) model = fattn__abi_read(&fattn__abi_model, model, &m_local);
   if (!st) st = fattn__layout_compute(&n, &lay, &r, detail, detail_len);
-  if (st) return st;
   uint32_t sms = 132; /* the CPU backend plans as for an H200 so that plans are comparable */
-  if (!n.on_cpu && (st = open_device(&n, &sms, detail, detail_len))) return st;
-  return create_on_device(&n, &lay, &r, model, sms, out, detail, detail_len);
+  if (!st && !n.on_cpu) st = open_device(&n, &sms, detail, detail_len);
+  if (st) return st;
+  fattn_ctx *ctx = NULL;
+  if ((st = take_memory(&n, &lay, &r, &ctx, detail, detail_len))) return st;
+  ctx->num_sms = sms;
+  ctx->decode_resident = fattn__decode_resident(n.cfg.kv_dtype == FATTN_DTYPE_FP8_E4M3, n.model.head_dim,
+                                                n.model.num_q_heads / n.model.num_kv_heads);
+  if ((st = copy_model(ctx, model, detail, detail_len)) || (st = choose_backends(ctx, detail, detail_len)) ||
+      (st = make_tmaps(ctx, detail, detail_len)) ||
+      (st = fattn__pages_init(ctx)) || (st = fattn__graphs_init(ctx))) {
+    if (st == FATTN_ERR_NOMEM && detail && detail_len && !detail[0])
+      FAIL(st, "host tables: the pinned slab's heap is too small");
+    release(ctx);
+    return st;
+  }
+  ctx->detail[0] = '\0';
+  *out = ctx;
+  return FATTN_OK;
 }
 
 fattn_status fattn_destroy(fattn_ctx *ctx, int force) {
