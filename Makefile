@@ -1,4 +1,5 @@
-# fattn: one entry point. make [all|run|test|gpu-test|gpu-sanitize|asan|fuzz|bench|clean]
+# fattn: one entry point. make [all|run|test|gpu-test|gpu-sanitize|asan|tsan|fuzz|bench|install|
+# uninstall|clean]
 # Host code is C11 with -Werror; CUDA code is built for CUDA_ARCHS (sm_90a only for attn/fa3).
 
 CUDA        ?= /usr/local/cuda
@@ -9,12 +10,22 @@ CUDA_ARCHS  ?= 80 90a
 FUZZ_SECONDS ?= 60
 BUILD       ?= build
 JOBS        ?= $(shell nproc)
+PREFIX      ?= /usr/local
+DESTDIR     ?=
+
+# jemalloc: the system's (Debian's libjemalloc-dev) unless JEMALLOC names the prefix of another
+# build (make JEMALLOC=/opt/jemalloc: its include/ and lib/); JEMALLOC_CFLAGS and JEMALLOC_LIBS
+# may also be given outright. Binaries linking it dynamically find it through an rpath.
+JEMALLOC    ?=
+JEMALLOC_CFLAGS ?= $(if $(JEMALLOC),-I$(JEMALLOC)/include)
+JEMALLOC_LIBS   ?= $(if $(JEMALLOC),-L$(JEMALLOC)/lib -Wl$(comma)-rpath$(comma)$(JEMALLOC)/lib)
 
 comma := ,
 gencode = $(foreach a,$(1),-gencode=arch=compute_$(a),code=sm_$(a))
 HOPPER_ARCHS := $(filter 90a,$(CUDA_ARCHS))
 
-INCLUDES  := -I. -Ilib -I$(CUDA)/include
+# include/ holds the public header alone; lib/ the internal ones (`#include "fattn.h"` finds the first).
+INCLUDES  := -I. -Iinclude -Ilib $(JEMALLOC_CFLAGS) -I$(CUDA)/include
 CWARN     := -Wall -Wextra -Werror
 CFLAGS    ?= -O2 -g
 ALL_CFLAGS = -std=c11 -D_GNU_SOURCE $(CWARN) $(CFLAGS) $(INCLUDES) -MMD -MP
@@ -50,19 +61,20 @@ WRAPPED := malloc calloc realloc free posix_memalign aligned_alloc \
            cudaEventSynchronize cudaMemcpy cudaMemset
 WRAP_FLAGS := $(foreach f,$(WRAPPED),-Wl,--wrap=$(f))
 
-STATIC_DEPS := -Wl,-Bstatic -ljemalloc -lcheck -lsubunit -Wl,-Bdynamic
+STATIC_DEPS := $(JEMALLOC_LIBS) -Wl,-Bstatic -ljemalloc -lcheck -lsubunit -Wl,-Bdynamic
 CUDA_LIBS   := -L$(CUDA)/lib64 $(CUDA)/lib64/libcudart_static.a -lcurand
 SYS_LIBS    := -lstdc++ -lm -lpthread -ldl -lrt
 LINK_TEST = @echo '  LD    $@'; $(CC) $(CFLAGS) -o $@ $^ $(WRAP_FLAGS) $(STATIC_DEPS) $(CUDA_LIBS) $(SYS_LIBS)
 
-.PHONY: all deps run test cpu-test gpu-bundle gpu-test gpu-sanitize asan fuzz fuzz-replay bench clean
+.PHONY: all deps run test cpu-test gpu-bundle gpu-test gpu-sanitize asan tsan fuzz fuzz-replay bench install \
+        uninstall clean
 .DEFAULT_GOAL := all
 .SECONDARY:
 
 all: deps $(BUILD)/libfattn.a $(CPU_TESTS) $(GPU_TESTS) $(BUILD)/fattn-bench $(BUILD)/libktrace.so
 
 deps:
-	@bash .ci/deps
+	@JEMALLOC='$(JEMALLOC)' bash .ci/deps
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -91,7 +103,7 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(SUPPORT_OBJS) $(BUILD)/libfattn.a
 # The benchmark borrows the GPU test helpers (cuRAND fills) rather than repeating them.
 $(BUILD)/fattn-bench: $(BENCH_C:%.c=$(BUILD)/obj/%.o) $(BENCH_CU:%.cu=$(BUILD)/obj/%.cu.o) $(SUPPORT_CU:%.cu=$(BUILD)/obj/%.cu.o) $(BUILD)/libfattn.a
 	@echo '  LD    $@'
-	@$(CC) $(CFLAGS) -o $@ $^ -Wl,-Bstatic -ljemalloc -Wl,-Bdynamic $(CUDA_LIBS) $(SYS_LIBS)
+	@$(CC) $(CFLAGS) -o $@ $^ $(JEMALLOC_LIBS) -Wl,-Bstatic -ljemalloc -Wl,-Bdynamic $(CUDA_LIBS) $(SYS_LIBS)
 
 # Kernel-alone times of any program, through CUPTI (tools/ktrace; docs/guide.md):
 # KTRACE_OUT=k.txt CUDA_INJECTION64_PATH=$PWD/build/libktrace.so build/fattn-bench decode
@@ -157,11 +169,56 @@ $(BUILD)/asan/libfattn.a: $(ASAN_LIB_OBJS)
 $(BUILD)/asan/tests/%: $(BUILD)/asan/tests/%.o $(SUPPORT_C:%.c=$(BUILD)/asan/%.o) $(SUPPORT_CU:%.cu=$(BUILD)/obj/%.cu.o) $(BUILD)/asan/libfattn.a
 	@mkdir -p $(dir $@)
 	@echo '  LD    $@'
-	@$(CC) $(ASAN_FLAGS) -o $@ $^ $(WRAP_FLAGS) -ljemalloc -Wl,-Bstatic -lcheck -lsubunit -Wl,-Bdynamic $(CUDA_LIBS) $(SYS_LIBS)
+	@$(CC) $(ASAN_FLAGS) -o $@ $^ $(WRAP_FLAGS) $(JEMALLOC_LIBS) -ljemalloc -Wl,-Bstatic -lcheck -lsubunit -Wl,-Bdynamic $(CUDA_LIBS) $(SYS_LIBS)
 
 asan: deps $(ASAN_TESTS)
 	@ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1:abort_on_error=1 \
 	 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 bash tests/run.sh $(ASAN_TESTS)
+
+# ---- ThreadSanitizer over the threads suite: contexts on the CPU backend driven from two
+# threads at once (host C code; jemalloc linked dynamically, as for ASan).
+TSAN_FLAGS := -O1 -g -fsanitize=thread -fno-omit-frame-pointer
+TSAN_LIB_OBJS := $(LIB_C:%.c=$(BUILD)/tsan/%.o) $(LIB_CU:%.cu=$(BUILD)/obj/%.cu.o)
+ifneq ($(HOPPER_ARCHS),)
+TSAN_LIB_OBJS += $(LIB_CU90:%.cu=$(BUILD)/obj/%.cu.o)
+endif
+TSAN_TESTS ?= $(BUILD)/tsan/tests/test_threads
+
+$(BUILD)/tsan/%.o: %.c
+	@mkdir -p $(dir $@)
+	@echo '  CC    $< (tsan)'
+	@$(CC) $(ALL_CFLAGS) $(TSAN_FLAGS) -c $< -o $@
+
+$(BUILD)/tsan/libfattn.a: $(TSAN_LIB_OBJS)
+	@rm -f $@
+	@echo '  AR    $@'
+	@ar rcs $@ $^
+
+$(BUILD)/tsan/tests/%: $(BUILD)/tsan/tests/%.o $(SUPPORT_C:%.c=$(BUILD)/tsan/%.o) $(SUPPORT_CU:%.cu=$(BUILD)/obj/%.cu.o) $(BUILD)/tsan/libfattn.a
+	@mkdir -p $(dir $@)
+	@echo '  LD    $@'
+	@$(CC) $(TSAN_FLAGS) -o $@ $^ $(WRAP_FLAGS) $(JEMALLOC_LIBS) -ljemalloc -Wl,-Bstatic -lcheck -lsubunit -Wl,-Bdynamic $(CUDA_LIBS) $(SYS_LIBS)
+
+tsan: deps $(TSAN_TESTS)
+	@TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 bash tests/run.sh $(TSAN_TESTS)
+
+# ---- Install as a C library: the archive, the public header and a pkg-config file (static
+# link: pkg-config --static --libs fattn). DESTDIR stages a package; uninstall removes the three.
+FATTN_VERSION := $(shell for p in MAJOR MINOR PATCH; do \
+  sed -n "s/^\#define FATTN_VERSION_$$p \([0-9]*\)$$/\1/p" include/fattn.h; done | paste -sd.)
+INSTALLED := $(PREFIX)/lib/libfattn.a $(PREFIX)/include/fattn.h $(PREFIX)/lib/pkgconfig/fattn.pc
+
+install: $(BUILD)/libfattn.a
+	@install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include
+	@install -m 644 $(BUILD)/libfattn.a $(DESTDIR)$(PREFIX)/lib/libfattn.a
+	@install -m 644 include/fattn.h $(DESTDIR)$(PREFIX)/include/fattn.h
+	@sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(FATTN_VERSION)|' -e 's|@CUDA_LIBDIR@|$(CUDA)/lib64|' \
+	     -e 's|@JEMALLOC_LIBS@|$(JEMALLOC_LIBS)|' fattn.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/fattn.pc
+	@chmod 644 $(DESTDIR)$(PREFIX)/lib/pkgconfig/fattn.pc
+	@for f in $(INSTALLED); do echo "  INSTALL $(DESTDIR)$$f"; done
+
+uninstall:
+	@for f in $(INSTALLED); do echo "  RM    $(DESTDIR)$$f"; rm -f "$(DESTDIR)$$f"; done
 
 # ---- libFuzzer harnesses (clang), then a replay of the committed corpora.
 FUZZ_FLAGS := -O1 -g -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all
@@ -178,7 +235,7 @@ $(BUILD)/fuzzobj/%.o: %.c
 $(BUILD)/fuzz/%: $(BUILD)/fuzzobj/fuzz/%.o $(FUZZ_LIB_OBJS)
 	@mkdir -p $(dir $@)
 	@echo '  LD    $@'
-	@$(CLANG) -fsanitize=fuzzer,address,undefined -o $@ $^ -ljemalloc $(CUDA_LIBS) $(SYS_LIBS)
+	@$(CLANG) -fsanitize=fuzzer,address,undefined -o $@ $^ $(JEMALLOC_LIBS) -ljemalloc $(CUDA_LIBS) $(SYS_LIBS)
 
 fuzz: deps $(FUZZERS:%=$(BUILD)/fuzz/%)
 	@bash fuzz/run.sh $(FUZZ_SECONDS) $(FUZZERS)

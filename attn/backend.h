@@ -51,7 +51,7 @@ static inline int fattn__decode_kind(const fattn__layer_params *l, const fattn__
 /* ---- attn/fa2: portable sm_80+ kernels. Return a cudaError_t value (0 on success). */
 
 /* Non-zero where the current device takes programmatic dependent launch (compute capability
- * 9.0 and newer; attn/pdl.h). Read once, at create, so that no capture asks the device. */
+ * 9.0 and newer; attn/pdl.h). Read once per device, at create, so that no capture asks it. */
 int fattn__pdl_on(void);
 
 /* Whether the kernels cover this layer shape (head dims, dtypes, MLA); no device work. */

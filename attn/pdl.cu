@@ -1,14 +1,14 @@
-/* pdl.cu: whether the device takes programmatic dependent launch, read once per process
- * (fattn drives one device a process, as fa2's SM count and fa3's availability assume). */
+/* pdl.cu: whether the current device takes programmatic dependent launch, read once per device
+ * (attn/devices.h) so that launches and captures never ask the device again. */
 #include "attn/pdl.h"
 
 extern "C" int fattn__pdl_on(void) {
-  static int on = -1;
-  if (on < 0) {
-    int dev = 0, major = 0;
-    on = cudaGetDevice(&dev) == cudaSuccess &&
-         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
+  static fattn__device_facts on;
+  return fattn__device_fact(on, [](int dev) {
+    int major = 0;
+    const int yes = dev >= 0 && cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                    major >= 9;
     cudaGetLastError();
-  }
-  return on;
+    return yes;
+  });
 }

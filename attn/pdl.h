@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "attn/backend.h" /* fattn__pdl_on */
+#include "attn/devices.h"
 
 #ifdef __CUDACC__
 /* Waits for the grid before (all its writes visible), then lets the next grid be launched, so

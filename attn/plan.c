@@ -484,5 +484,6 @@ fattn_status fattn__plan_into(fattn_ctx *ctx, const fattn_batch *b, void *stream
 
 fattn_status fattn_plan(fattn_ctx *ctx, const fattn_batch *batch, void *stream) {
   const fattn__plan_target eager = {NULL, 0, 0, NULL};
-  return fattn__plan_into(ctx, batch, stream, &eager);
+  fattn_status st = ctx ? fattn__on_device(ctx, "fattn_plan") : FATTN_ERR_INVALID;
+  return st ? st : fattn__plan_into(ctx, batch, stream, &eager);
 }

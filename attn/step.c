@@ -10,7 +10,7 @@ static fattn_status check_call(fattn_ctx *ctx, uint32_t layer, const char *call)
   if (!ctx->step.planned) return fattn__fail(ctx, FATTN_ERR_STATE, "%s: no step planned (call fattn_plan first)", call);
   if (layer >= ctx->n.model.num_layers)
     return fattn__fail(ctx, FATTN_ERR_INVALID, "%s: layer %u, the model has %u", call, layer, ctx->n.model.num_layers);
-  return FATTN_OK;
+  return fattn__on_device(ctx, call);
 }
 
 static fattn__step_params step_params(fattn_ctx *ctx) {

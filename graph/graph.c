@@ -60,6 +60,8 @@ static int bucket_for(const fattn_ctx *ctx, uint32_t requests) {
 static fattn_status check_mode(fattn_ctx *ctx, fattn_mode mode, const char *call) {
   if (!ctx) return FATTN_ERR_INVALID;
   if (ctx->n.on_cpu) return fattn__fail(ctx, FATTN_ERR_UNSUPPORTED, "%s: graphs need a CUDA device", call);
+  fattn_status st = fattn__on_device(ctx, call);
+  if (st) return st;
   if (mode < FATTN_MODE_PREFILL || mode > FATTN_MODE_COUNT || !(ctx->n.cfg.graph_modes & (1u << mode)))
     return fattn__fail(ctx, FATTN_ERR_INVALID, "%s: mode %d has no graph buffers (config graph_modes 0x%x)", call,
                        mode, ctx->n.cfg.graph_modes);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "attn/backend.h"
+#include "attn/devices.h"
 #include "graph/graph.h"
 #include "lib/internal.h"
 
@@ -89,6 +90,11 @@ static fattn_status open_device(const fattn__norm *n, uint32_t *num_sms, char *d
   }
   if (n->cfg.device >= count)
     return FAIL(FATTN_ERR_NO_DEVICE, "device %d: only %d CUDA devices", n->cfg.device, count);
+  if (n->cfg.device >= FATTN__MAX_DEVICES)
+    return FAIL(FATTN_ERR_UNSUPPORTED, "device %d: fattn serves device ordinals below %d", n->cfg.device,
+                FATTN__MAX_DEVICES);
+  /* The context's device stays current after fattn_create: giving the caller's back could
+   * start a CUDA context on a device the process never meant to use. */
   struct cudaDeviceProp prop;
   if (cudaSetDevice(n->cfg.device) != cudaSuccess ||
       cudaGetDeviceProperties(&prop, n->cfg.device) != cudaSuccess)
@@ -99,6 +105,26 @@ static fattn_status open_device(const fattn__norm *n, uint32_t *num_sms, char *d
   *num_sms = (uint32_t)prop.multiProcessorCount;
   (void)fattn__pdl_on();
   return FATTN_OK;
+}
+
+/* The calling thread's current CUDA device, -1 where none can be read. */
+static int current_device(void) {
+  int dev = -1;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    cudaGetLastError();
+    dev = -1;
+  }
+  return dev;
+}
+
+fattn_status fattn__on_device(fattn_ctx *ctx, const char *call) {
+  if (ctx->device < 0) return FATTN_OK;
+  const int dev = current_device();
+  if (dev == ctx->device) return FATTN_OK;
+  return fattn__fail(ctx, FATTN_ERR_STATE,
+                     "%s: the calling thread's current CUDA device is %d, the context's is device %d "
+                     "(cudaSetDevice(%d) first)",
+                     call, dev, ctx->device, ctx->device);
 }
 
 static void release(fattn_ctx *ctx) {
@@ -229,6 +255,7 @@ fattn_status fattn_destroy(fattn_ctx *ctx, int force) {
   uint32_t open = fattn__seqs_open(&ctx->pages);
   if (open && !force)
     return fattn__fail(ctx, FATTN_ERR_BUSY, "%u sequences still open (close them or force)", open);
+  if (ctx->device >= 0 && current_device() != ctx->device) cudaSetDevice(ctx->device); /* left current */
   release(ctx);
   return FATTN_OK;
 }

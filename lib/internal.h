@@ -210,6 +210,10 @@ struct fattn_ctx {
  * a context is never a const object (it lives in the pinned slab), so the cast is defined. */
 static inline char *fattn__detail_buf(const fattn_ctx *ctx) { return (char *)ctx->detail; }
 
+/* OK where the calling thread's current CUDA device is the context's (always on the CPU
+ * backend); else ERR_STATE, the detail naming call and both devices. */
+fattn_status fattn__on_device(fattn_ctx *ctx, const char *call);
+
 /* Writes the detail message (printf style) and returns status; never allocates. */
 fattn_status fattn__fail(const fattn_ctx *ctx, fattn_status status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

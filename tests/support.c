@@ -12,6 +12,9 @@ fattn_call_counts fattn_calls;
 static long fail_at[FATTN_FAULT_KINDS]; /* 1-based call to fail, 0: none */
 static long seen[FATTN_FAULT_KINDS];
 
+/* The wrappers count atomically: threads of one test (tests/test_threads.c) allocate at once. */
+#define COUNT(counter) __atomic_fetch_add(&(counter), 1, __ATOMIC_RELAXED)
+
 int fattn_test_cuda_devices(void) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
@@ -49,8 +52,9 @@ void fattn_fault_arm(fattn_fault_kind kind, long nth) {
 long fattn_fault_seen(fattn_fault_kind kind) { return seen[kind]; }
 
 static int fault_now(fattn_fault_kind kind) {
-  seen[kind]++;
-  return fail_at[kind] != 0 && seen[kind] == fail_at[kind];
+  const long at = __atomic_load_n(&fail_at[kind], __ATOMIC_RELAXED);
+  const long n = __atomic_add_fetch(&seen[kind], 1, __ATOMIC_RELAXED);
+  return at != 0 && n == at;
 }
 
 void fattn_calls_reset(void) { memset(&fattn_calls, 0, sizeof fattn_calls); }
@@ -68,27 +72,27 @@ int __real_posix_memalign(void **p, size_t a, size_t n);
 void *__real_aligned_alloc(size_t a, size_t n);
 
 void *__wrap_malloc(size_t n) {
-  fattn_calls.malloc++;
+  COUNT(fattn_calls.malloc);
   return fault_now(FATTN_FAULT_HOST) ? NULL : __real_malloc(n);
 }
 void *__wrap_calloc(size_t a, size_t b) {
-  fattn_calls.malloc++;
+  COUNT(fattn_calls.malloc);
   return fault_now(FATTN_FAULT_HOST) ? NULL : __real_calloc(a, b);
 }
 void *__wrap_realloc(void *p, size_t n) {
-  fattn_calls.malloc++;
+  COUNT(fattn_calls.malloc);
   return fault_now(FATTN_FAULT_HOST) ? NULL : __real_realloc(p, n);
 }
 void __wrap_free(void *p) {
-  if (p) fattn_calls.free++;
+  if (p) COUNT(fattn_calls.free);
   __real_free(p);
 }
 int __wrap_posix_memalign(void **p, size_t a, size_t n) {
-  fattn_calls.malloc++;
+  COUNT(fattn_calls.malloc);
   return fault_now(FATTN_FAULT_HOST) ? 12 /* ENOMEM */ : __real_posix_memalign(p, a, n);
 }
 void *__wrap_aligned_alloc(size_t a, size_t n) {
-  fattn_calls.malloc++;
+  COUNT(fattn_calls.malloc);
   return fault_now(FATTN_FAULT_HOST) ? NULL : __real_aligned_alloc(a, n);
 }
 
@@ -107,55 +111,55 @@ cudaError_t __real_cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyK
 cudaError_t __real_cudaMemset(void *d, int v, size_t n);
 
 cudaError_t __wrap_cudaMalloc(void **p, size_t n) {
-  fattn_calls.device_alloc++;
+  COUNT(fattn_calls.device_alloc);
   return fault_now(FATTN_FAULT_DEVICE) ? cudaErrorMemoryAllocation : __real_cudaMalloc(p, n);
 }
 cudaError_t __wrap_cudaFree(void *p) {
-  if (p) fattn_calls.free++;
+  if (p) COUNT(fattn_calls.free);
   return __real_cudaFree(p);
 }
 cudaError_t __wrap_cudaHostAlloc(void **p, size_t n, unsigned int flags) {
-  fattn_calls.host_alloc++;
+  COUNT(fattn_calls.host_alloc);
   return fault_now(FATTN_FAULT_PINNED) ? cudaErrorMemoryAllocation : __real_cudaHostAlloc(p, n, flags);
 }
 cudaError_t __wrap_cudaMallocHost(void **p, size_t n) {
-  fattn_calls.host_alloc++;
+  COUNT(fattn_calls.host_alloc);
   return fault_now(FATTN_FAULT_PINNED) ? cudaErrorMemoryAllocation : __real_cudaMallocHost(p, n);
 }
 cudaError_t __wrap_cudaFreeHost(void *p) {
-  if (p) fattn_calls.free++;
+  if (p) COUNT(fattn_calls.free);
   return __real_cudaFreeHost(p);
 }
 cudaError_t __wrap_cudaMallocManaged(void **p, size_t n, unsigned int flags) {
-  fattn_calls.device_alloc++;
+  COUNT(fattn_calls.device_alloc);
   return __real_cudaMallocManaged(p, n, flags);
 }
 cudaError_t __wrap_cudaMallocAsync(void **p, size_t n, cudaStream_t s) {
-  fattn_calls.device_alloc++;
+  COUNT(fattn_calls.device_alloc);
   return __real_cudaMallocAsync(p, n, s);
 }
 cudaError_t __wrap_cudaFreeAsync(void *p, cudaStream_t s) {
-  fattn_calls.free++;
+  COUNT(fattn_calls.free);
   return __real_cudaFreeAsync(p, s);
 }
 cudaError_t __wrap_cudaDeviceSynchronize(void) {
-  fattn_calls.sync++;
+  COUNT(fattn_calls.sync);
   return __real_cudaDeviceSynchronize();
 }
 cudaError_t __wrap_cudaStreamSynchronize(cudaStream_t s) {
-  fattn_calls.sync++;
+  COUNT(fattn_calls.sync);
   return __real_cudaStreamSynchronize(s);
 }
 cudaError_t __wrap_cudaEventSynchronize(cudaEvent_t e) {
-  fattn_calls.sync++;
+  COUNT(fattn_calls.sync);
   return __real_cudaEventSynchronize(e);
 }
 cudaError_t __wrap_cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind k) {
-  fattn_calls.sync++;
+  COUNT(fattn_calls.sync);
   return __real_cudaMemcpy(d, s, n, k);
 }
 cudaError_t __wrap_cudaMemset(void *d, int v, size_t n) {
-  fattn_calls.sync++;
+  COUNT(fattn_calls.sync);
   return __real_cudaMemset(d, v, n);
 }
 

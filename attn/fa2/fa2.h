@@ -40,7 +40,7 @@ typedef struct fa2__args {
 /* Flag on a decode kind: tiles of 8 rows with the products transposed (head dims up to 128). */
 #define FA2__NARROW 8
 int fa2__launch_hd64(const fa2__args *a, int kind, dim3 grid, cudaStream_t st);
-/* Multiprocessors of the current device (read once; fa3 sizes its persistent grid by it). */
+/* Multiprocessors of the current device (read once per device; fa3 sizes its persistent grid by it). */
 int fa2__sm_count(void);
 int fa2__launch_hd96(const fa2__args *a, int kind, dim3 grid, cudaStream_t st);
 int fa2__launch_hd128(const fa2__args *a, int kind, dim3 grid, cudaStream_t st);
@@ -673,12 +673,9 @@ template <int HD, int HDV, int ROWS, int NW, int BN, int ST, typename T, int KVT
 static int fa2__go(const fa2__args *a, dim3 grid, cudaStream_t st) {
   using C = fa2__cfg<HD, HDV, ROWS, NW, BN, ST, T, KVT>;
   auto k = fa2__attn<HD, HDV, ROWS, NW, BN, ST, T, KVT>;
-  static int attr_set; /* benign race: idempotent */
-  if (!attr_set) {
-    cudaError_t err = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
-    if (err != cudaSuccess) return (int)err;
-    attr_set = 1;
-  }
+  static std::atomic<unsigned char> attr_set[FATTN__MAX_DEVICES]; /* per device */
+  const cudaError_t err = fattn__smem_attr(attr_set, k, C::SMEM);
+  if (err != cudaSuccess) return (int)err;
   return (int)fattn__launch(k, grid, dim3(C::NT), C::SMEM, st, *a);
 }
 

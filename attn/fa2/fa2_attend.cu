@@ -312,15 +312,15 @@ __global__ void __launch_bounds__(128, FA2__COMBINE_BLOCKS)
 }
 
 int fa2__sm_count(void) {
-  static int sms; /* host attribute, read once */
-  if (!sms) {
-    int dev = 0, n = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0)
+  static fattn__device_facts sms;
+  return fattn__device_fact(sms, [](int dev) {
+    int n = 0;
+    if (dev < 0 || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) {
+      cudaGetLastError();
       n = 108;
-    sms = n;
-  }
-  return sms;
+    }
+    return n;
+  });
 }
 
 static uint32_t fa2__clamp(uint32_t x, uint32_t lo, uint32_t hi) { return x < lo ? lo : x > hi ? hi : x; }
@@ -346,7 +346,7 @@ extern "C" int fattn__fa2_attend(fattn__layer_params l, fattn__step_params s, co
     narrow = fattn__narrow_tiles(qpe * G, l.head_dim);
     const uint32_t rows_per_cta = wide ? 32u : narrow ? 8u : 16u;
     /* twice the policy's target: graph padding may leave fewer live entries than cap_entries */
-    const uint32_t want = 2u * FATTN__CTAS_PER_SM * (uint32_t)fa2__sm_count();
+    const uint32_t want = 2u * FATTN__CTAS_PER_SM * a.num_sms;
     /* no entry gets more than max_splits (>= 1) splits: blocks past it would only exit */
     grid = dim3(ctas, fa2__clamp((want + ctas - 1u) / ctas, 1u, s.max_splits < 64u ? s.max_splits : 64u),
                 fa2__clamp((qpe * G + rows_per_cta - 1u) / rows_per_cta, 1u, 8u));
@@ -355,7 +355,7 @@ extern "C" int fattn__fa2_attend(fattn__layer_params l, fattn__step_params s, co
     grid = dim3(s.cap_tiles, l.num_q_heads, 1u);
   }
   /* the deep kind where the whole grid fits in under a wave at 2 blocks an SM */
-  const int deep = decode && !wide && grid.x * grid.y * grid.z <= 2u * (uint32_t)fa2__sm_count();
+  const int deep = decode && !wide && grid.x * grid.y * grid.z <= 2u * a.num_sms;
   const int kind = (!decode ? FA2__KIND_PREFILL : wide ? FA2__KIND_WIDE : deep ? FA2__KIND_DEEP : FA2__KIND_DECODE) |
                    (narrow ? FA2__NARROW : 0);
   int err;
@@ -373,9 +373,9 @@ extern "C" int fattn__fa2_attend(fattn__layer_params l, fattn__step_params s, co
    * warps a row up to a round lost 3-6% at bs 8 and 16 (H100; docs/performance.md, decode): their
    * rows have at most 4 splits, so 3 warps of 4 idled in 4 times the blocks. */
   const uint32_t rows = s.cap_entries * qpe * l.num_q_heads;
-  const uint32_t round = FA2__COMBINE_BLOCKS * 4u * (uint32_t)fa2__sm_count();
+  const uint32_t round = FA2__COMBINE_BLOCKS * 4u * a.num_sms;
   const uint32_t csum = (s.max_splits + FA2__CHUNK - 1u) / FA2__CHUNK * l.head_dim_v * 4u;
-  const uint32_t wpr = rows <= (uint32_t)fa2__sm_count() && csum <= FA2__CSUM_BYTES ? FA2__WIDE_WARPS : 1u;
+  const uint32_t wpr = rows <= a.num_sms && csum <= FA2__CSUM_BYTES ? FA2__WIDE_WARPS : 1u;
   const uint32_t rpw = rows > round ? FA2__FEW_ROWS : 1u;
   const uint32_t warps = s.cap_entries * qpe * ((l.num_q_heads + rpw - 1u) / rpw) * wpr;
   const uint32_t smem = wpr > 1u ? csum : 0u;

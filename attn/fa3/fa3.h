@@ -59,12 +59,9 @@ template <int DK, int DV, typename T, bool F8, int CL>
 static int fa3__go(const fa3__args *a, const CUtensorMap *maps, int grid, cudaStream_t st) {
   constexpr int SMEM = fa3__plan<DK, DV, F8>::SMEM;
   auto k = fa3__attn<DK, DV, T, F8, CL>;
-  static int attr_set; /* benign race: idempotent */
-  if (!attr_set) {
-    cudaError_t err = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
-    if (err != cudaSuccess) return (int)err;
-    attr_set = 1;
-  }
+  static std::atomic<unsigned char> attr_set[FATTN__MAX_DEVICES]; /* per device */
+  const cudaError_t err = fattn__smem_attr(attr_set, k, SMEM);
+  if (err != cudaSuccess) return (int)err;
   return (int)fattn__launch_clusters(k, dim3(grid), dim3(fa3__cfg<DK, DV, F8>::NT), CL, SMEM, st, *a, maps[0],
                                      maps[1]);
 }

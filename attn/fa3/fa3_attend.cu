@@ -5,16 +5,15 @@
 #include "attn/fa3/fa3.h"
 
 extern "C" int fattn__fa3_available(void) {
-  static int avail = -1; /* device attributes, read once */
-  if (avail < 0) {
-    int dev = 0, major = 0, minor = 0;
-    avail = cudaGetDevice(&dev) == cudaSuccess &&
-            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-            cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
-            major == 9 && minor == 0;
+  static fattn__device_facts avail; /* per device (attn/devices.h) */
+  return fattn__device_fact(avail, [](int dev) {
+    int major = 0, minor = 0;
+    const int yes = dev >= 0 && cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+                    major == 9 && minor == 0;
     cudaGetLastError();
-  }
-  return avail;
+    return yes;
+  });
 }
 
 /* Every layer shape fa2 runs, MLA aside. */
@@ -24,15 +23,16 @@ extern "C" int fattn__fa3_encode_maps(const fattn__layer_params *l, void *maps) 
   /* fp8 KV is gathered and widened by the producer: no maps. */
   if (!fattn__fa3_supports(l) || l->kv_dtype == FATTN_DTYPE_FP8_E4M3 || l->page_size < FA3__TMA_MIN_PAGE)
     return (int)cudaErrorNotSupported;
-  static PFN_cuTensorMapEncodeTiled_v12000 encode; /* driver entry point, looked up once */
-  if (!encode) {
+  static std::atomic<void *> entry; /* the driver's, one per process; threads may look it up at once */
+  void *fn = entry.load(std::memory_order_acquire);
+  if (!fn) {
     cudaDriverEntryPointQueryResult q;
-    void *fn = NULL;
     if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
         q != cudaDriverEntryPointSuccess || !fn)
       return (int)cudaErrorNotSupported;
-    encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+    entry.store(fn, std::memory_order_release);
   }
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
   /* [slots, kv_heads, d] with slots = pages * page_size; a box is 64 dims x 1 head x one page
    * of a tile (the part of a box past d, at d 96, is filled with zeros). V alike with d_v. */
   const uint32_t bn = fa3__tile_slots(l->head_dim, l->head_dim_v);

@@ -299,9 +299,12 @@ typedef struct fattn_batch {
 
 /* Streams are cudaStream_t passed as void* so that the header needs no CUDA; ignored on the
  * CPU backend. Pointers to q, k, v, out, lse are device pointers (host on the CPU backend).
- * The calls run on the calling thread's current CUDA device, which must be the context's.
- * One process drives one device: kernel attributes and device facts (SM count, PDL) are
- * cached per process, so contexts on two devices in one process are not supported yet.
+ * fattn_plan, fattn_store_kv, fattn_attend, fattn_graph_capture and fattn_graph_launch run on
+ * the calling thread's current CUDA device, which must be the context's (cudaSetDevice first):
+ * else FATTN_ERR_STATE, the detail naming both devices. fattn_create and fattn_destroy make
+ * the context's device current themselves (cudaSetDevice) and leave it current. Contexts on
+ * several devices (ordinals below 64) may live in one process: device facts (SM count, PDL)
+ * and kernel attributes are cached per device.
  * A context's steps (each fattn_plan or fattn_graph_launch with the calls after it) share
  * its metadata areas, so they must run on the device in the order they were made: issue
  * them on one stream, or order the streams yourself (cudaStreamWaitEvent). */
