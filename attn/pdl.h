@@ -46,37 +46,24 @@ __device__ __forceinline__ void fattn__pdl_wait_alone() {
 #endif
 }
 
-/* kernel<<<grid, block, smem, stream>>>(args...) in clusters of `cluster` blocks, allowed to
- * overlap the stream's previous kernel where the device supports it (a captured graph keeps
- * the edge as programmatic). */
+/* kernel<<<grid, block, smem, stream>>>(args...), allowed to overlap the stream's previous
+ * kernel where the device supports it (a captured graph keeps the edge as programmatic). */
 template <typename... P, typename... A>
-static inline cudaError_t fattn__launch_clusters(void (*kernel)(P...), dim3 grid, dim3 block, unsigned cluster,
-                                                 size_t smem, cudaStream_t st, A &&...args) {
-  cudaLaunchAttribute attr[2];
-  unsigned n = 0;
-  if (fattn__pdl_on()) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n++].val.programmaticStreamSerializationAllowed = 1;
-  }
-  if (cluster > 1u) {
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n++].val.clusterDim = {cluster, 1u, 1u};
-  }
+static inline cudaError_t fattn__launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                                        A &&...args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = st;
   cfg.attrs = attr;
-  cfg.numAttrs = n;
+  cfg.numAttrs = fattn__pdl_on() ? 1u : 0u;
   const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
   const cudaError_t last = cudaGetLastError(); /* read and cleared, as after <<<>>> */
   return e != cudaSuccess ? e : last;
-}
-template <typename... P, typename... A>
-static inline cudaError_t fattn__launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
-                                        A &&...args) {
-  return fattn__launch_clusters(kernel, grid, block, 1u, smem, st, std::forward<A>(args)...);
 }
 #endif
 

@@ -19,9 +19,8 @@ int fa3__launch_hd256(const fa3__args *a, const CUtensorMap *maps, int grid, cud
 #include "attn/fa3/fa3_produce.h"
 
 /* One persistent block an SM: warpgroup 0 produces (fa3_produce.h), 1 and 2 consume
- * (fa3_mainloop.h); setmaxnreg moves registers from the first to the others. CL: blocks a
- * cluster, which share their K and V stages (fa3_produce.h). */
-template <int DK, int DV, typename T, bool F8, int CL>
+ * (fa3_mainloop.h); setmaxnreg moves registers from the first to the others. */
+template <int DK, int DV, typename T, bool F8>
 __global__ void __launch_bounds__(384, 1)
     fa3__attn(const __grid_constant__ fa3__args a, const __grid_constant__ CUtensorMap tk,
               const __grid_constant__ CUtensorMap tv) {
@@ -33,8 +32,8 @@ __global__ void __launch_bounds__(384, 1)
     for (int s = 0; s < C::ST; s++) {
       fa3__bar_init(&sm->full_k[s], 1);
       fa3__bar_init(&sm->full_v[s], 1);
-      fa3__bar_init(&sm->empty_k[s], 8 * CL); /* one arrive a consumer warp of the cluster */
-      fa3__bar_init(&sm->empty_v[s], 8 * CL);
+      fa3__bar_init(&sm->empty_k[s], 8); /* one arrive a consumer warp */
+      fa3__bar_init(&sm->empty_v[s], 8);
     }
     for (int s = 0; s < 2; s++) {
       fa3__bar_init(&sm->sched_full[s], 1);
@@ -42,43 +41,34 @@ __global__ void __launch_bounds__(384, 1)
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  if (CL == 1) __syncthreads();
-  else fa3__cluster_sync(); /* the partner's boxes and arrives find the barriers made */
+  __syncthreads();
   const int wg = (int)(threadIdx.x / 128u);
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::P_REGS));
-    fa3__produce<DK, DV, F8, CL>(a, &tk, &tv, sm);
+    fa3__produce<DK, DV, F8>(a, &tk, &tv, sm);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::C_REGS));
-    fa3__consume<DK, DV, T, F8, CL>(a, wg - 1, sm);
+    fa3__consume<DK, DV, T, F8>(a, wg - 1, sm);
   }
-  if (CL > 1) fa3__cluster_sync(); /* no block leaves while the other may still write to it */
 }
 
-template <int DK, int DV, typename T, bool F8, int CL>
+template <int DK, int DV, typename T, bool F8>
 static int fa3__go(const fa3__args *a, const CUtensorMap *maps, int grid, cudaStream_t st) {
   constexpr int SMEM = fa3__plan<DK, DV, F8>::SMEM;
-  auto k = fa3__attn<DK, DV, T, F8, CL>;
+  auto k = fa3__attn<DK, DV, T, F8>;
   static std::atomic<unsigned char> attr_set[FATTN__MAX_DEVICES]; /* per device */
   const cudaError_t err = fattn__smem_attr(attr_set, k, SMEM);
   if (err != cudaSuccess) return (int)err;
-  return (int)fattn__launch_clusters(k, dim3(grid), dim3(fa3__cfg<DK, DV, F8>::NT), CL, SMEM, st, *a, maps[0],
-                                     maps[1]);
+  return (int)fattn__launch(k, dim3(grid), dim3(fa3__cfg<DK, DV, F8>::NT), SMEM, st, *a, maps[0], maps[1]);
 }
 
-/* The kernels of one table row: bf16 and fp16 KV in Q's type, alone or (non-causal steps
- * whose KV comes by TMA) in the row's clusters, and fp8 KV (fp16 MMAs, either Q type). */
+/* The three kernels of one table row: bf16 and fp16 KV in Q's type, and fp8 KV (fp16 MMAs,
+ * either Q type). */
 template <int DK, int DV>
 static int fa3__launch(const fa3__args *a, const CUtensorMap *maps, int grid, cudaStream_t st) {
-  constexpr int CL = fa3__row<DK, DV>::CL;
-  if (a->k.l.kv_dtype == FATTN_DTYPE_FP8_E4M3) return fa3__go<DK, DV, __half, true, 1>(a, maps, grid, st);
-  if (CL > 1 && a->use_tma && a->k.s.mode == FATTN_MODE_CROSS && grid >= 2 * CL) {
-    const int g = grid / CL * CL;
-    if (a->k.l.q_dtype == FATTN_DTYPE_BF16) return fa3__go<DK, DV, __nv_bfloat16, false, CL>(a, maps, g, st);
-    return fa3__go<DK, DV, __half, false, CL>(a, maps, g, st);
-  }
-  if (a->k.l.q_dtype == FATTN_DTYPE_BF16) return fa3__go<DK, DV, __nv_bfloat16, false, 1>(a, maps, grid, st);
-  return fa3__go<DK, DV, __half, false, 1>(a, maps, grid, st);
+  if (a->k.l.kv_dtype == FATTN_DTYPE_FP8_E4M3) return fa3__go<DK, DV, __half, true>(a, maps, grid, st);
+  if (a->k.l.q_dtype == FATTN_DTYPE_BF16) return fa3__go<DK, DV, __nv_bfloat16, false>(a, maps, grid, st);
+  return fa3__go<DK, DV, __half, false>(a, maps, grid, st);
 }
 
 #endif /* __CUDACC__ */

@@ -12,12 +12,12 @@
 
 /* The mainloop's contract. Consumer c takes every item the scheduler posts and owns rows
  * R0 + 64 c.. of its tile: it waits for a stage's K (full_k) and frees it (empty_k, one arrive
- * a warp, on both blocks of a cluster) once its S GEMM has completed, V likewise after P V. Block blk's S GEMM is issued
+ * a warp) once its S GEMM has completed, V likewise after P V. Block blk's S GEMM is issued
  * with block blk - 1's P V GEMM, so the softmax of S_blk runs under that P V; the two
  * consumers take turns to issue (FA3__BAR_TURN), so one's softmax runs under the other's
  * GEMMs. Waits stay out of the issue sequences: a spin loop between wgmma.fence and a wgmma
  * is a divergent path after which ptxas serialises the wgmmas. */
-template <int DK, int DV, typename T, bool F8, int CL>
+template <int DK, int DV, typename T, bool F8>
 __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__smem<DK, DV, F8> *sm) {
   using C = fa3__cfg<DK, DV, F8>;
   using SM = typename C::softmax;
@@ -28,8 +28,6 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
   const uint32_t num_tiles = a.k.s.hdr->num_tiles, causal = a.k.s.hdr->causal;
   const uint32_t work = a.k.s.hdr->num_entries ? num_tiles * l.num_q_heads : 0u;
   char *qs = sm->q[c];
-  /* The cluster rank is read where it is used: kept live, it made the d 128 consumers spill. */
-  auto rows_off = [&]() -> uint32_t { return CL == 1 ? 0u : 128u * fa3__cluster_rank(); };
   uint32_t it = 0;
   if (c == 1) fa3__arrive_bar(FA3__BAR_TURN, 256); /* consumer 0 takes the first turn */
   /* Q rows of this warpgroup for tile t, zeros past the entry and past d, as one cp.async group.
@@ -67,7 +65,7 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
     const fa3__item item = fa3__sched_take(sm, k);
     if (item.w < work) {
       fa3__tile t;
-      fa3__tile_of<BN>(a, item.w, item.ei, num_tiles, rows_off(), &t);
+      fa3__tile_of<BN>(a, item.w, item.ei, num_tiles, &t);
       load_q(t);
     }
     return item;
@@ -75,7 +73,7 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
   fa3__item item = take(0u);
   for (uint32_t k = 0; item.w < work; k++) { /* whole tiles: the producer skipped halves */
     fa3__tile t;
-    fa3__tile_of<BN>(a, item.w, item.ei, num_tiles, rows_off(), &t);
+    fa3__tile_of<BN>(a, item.w, item.ei, num_tiles, &t);
     fa2__wait<0>();
     fa3__fence_async();
     fa3__sync(FA3__BAR_Q + c, 128);
@@ -129,11 +127,8 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
       fa3__wait(&bars[(it + blk) % ST], ((it + blk) / ST) & 1u);
       fa3__fence_async();
     };
-    auto release = [&](uint64_t *bars, uint32_t blk) { /* in a cluster, for both blocks' producers */
-      if (lane == 0) {
-        fa3__arrive(&bars[(it + blk) % ST]);
-        if (CL == 2) fa3__arrive_remote(&bars[(it + blk) % ST], fa3__cluster_rank() ^ 1u);
-      }
+    auto release = [&](uint64_t *bars, uint32_t blk) {
+      if (lane == 0) fa3__arrive(&bars[(it + blk) % ST]);
     };
     const int my_turn = FA3__BAR_TURN + c, their_turn = FA3__BAR_TURN + (c ^ 1);
     if (t.nblk) {

@@ -13,11 +13,8 @@
  * stage's last block are done and then signalled on full_k, V likewise (empty_v, full_v), with
  * zeros past the KV range and past d. TMA serves a block that sits inside the sequence, with
  * 16-bit KV and tensor maps (pages of FA3__TMA_MIN_PAGE slots or more); the rest is gathered
- * by all 128 threads, a row a thread, so one page-table read a thread a block. In a cluster
- * of 2 both blocks work on the same KV: each brings every other box of a stage to both (TMA
- * multicast), so L2 serves each byte once for the pair, and a stage is empty only once the
- * consumers of both blocks have freed it (their arrives count on both blocks' barriers). */
-template <int DK, int DV, bool F8, int CL>
+ * by all 128 threads, a row a thread, so one page-table read a thread a block. */
+template <int DK, int DV, bool F8>
 __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorMap *tk, const CUtensorMap *tv,
                                              fa3__smem<DK, DV, F8> *sm) {
   using C = fa3__cfg<DK, DV, F8>;
@@ -27,15 +24,14 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
   const uint32_t d = a.k.l.head_dim, dv = a.k.l.head_dim_v, nkv = a.k.l.num_kv_heads;
   const uint32_t psm = (1u << a.k.ps_shift) - 1u, num_tiles = a.k.s.hdr->num_tiles;
   const uint32_t work = a.k.s.hdr->num_entries ? num_tiles * a.k.l.num_q_heads : 0u;
-  const uint32_t rank = CL == 1 ? 0u : fa3__cluster_rank();
-  uint32_t it = 0, last = 0;
+  uint32_t it = 0;
   for (uint32_t k = 0;; k++) {
-    if (tid == 0u) last = fa3__sched_post<CL>(a, sm, k, k ? last + gridDim.x / CL : blockIdx.x / CL, work, num_tiles);
+    if (tid == 0u) fa3__sched_post(a, sm, k, work, num_tiles);
     fa3__sync(FA3__BAR_PRODUCER, 128);
     const uint32_t cur = sm->ring_w[k & 1u]; /* the slot is rewritten two items later, after this barrier's next use */
     if (cur >= work) break;
     fa3__tile t;
-    fa3__tile_of<BN>(a, cur, sm->ring_entry[k & 1u], num_tiles, 128u * rank, &t);
+    fa3__tile_of<BN>(a, cur, sm->ring_entry[k & 1u], num_tiles, &t);
     const uint32_t kvh = t.hq / G;
     const int32_t *pt = a.k.l.page_table + (size_t)t.e.seq * a.k.l.pages_per_seq;
     for (uint32_t blk = 0; blk < t.nblk; blk++, it++) {
@@ -48,21 +44,15 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
         const uint32_t pb = min(1u << a.k.ps_shift, (uint32_t)BN), lane = tid % 32u, j = j0 + lane * pb;
         /* Every producer thread waits, not only the lanes that issue: a parity wait tells only
          * the last two phases apart, and the gather blocks need all 128 threads in step. */
-        const uint32_t pages = BN / pb;
-        const bool mine = tid < 32u && lane < pages;
+        const bool mine = tid < 32u && lane < BN / pb;
         const int row = mine ? (int)(((uint32_t)pt[j >> a.k.ps_shift] << a.k.ps_shift) + (j & psm)) : 0;
-        /* Box n of the stage (K's, then V's) is brought by the block of rank n % CL. */
-        auto box = [&](char *dst, const CUtensorMap *map, int sl, uint64_t *bar, uint32_t n) {
-          if (CL == 1) fa3__tma3(dst, map, sl * 64, (int)kvh, row, bar);
-          else if (n % CL == rank) fa3__tma3_multicast(dst, map, sl * 64, (int)kvh, row, bar, (uint16_t)((1u << CL) - 1u));
-        };
         fa3__wait(&sm->empty_k[s], ph ^ 1u);
         if (tid == 0u) fa3__arrive_tx(&sm->full_k[s], C::K_BYTES);
         __syncwarp();
         if (mine) {
 #pragma unroll
           for (int sl = 0; sl < C::SK; sl++)
-            box(kd + sl * C::KV_SLAB + lane * pb * 128u, tk, sl, &sm->full_k[s], lane * C::SK + sl);
+            fa3__tma3(kd + sl * C::KV_SLAB + lane * pb * 128u, tk, sl * 64, (int)kvh, row, &sm->full_k[s]);
         }
         fa3__wait(&sm->empty_v[s], ph ^ 1u);
         if (tid == 0u) fa3__arrive_tx(&sm->full_v[s], C::V_BYTES);
@@ -70,7 +60,7 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
         if (mine) {
 #pragma unroll
           for (int sl = 0; sl < C::SV; sl++)
-            box(vd + sl * C::KV_SLAB + lane * pb * 128u, tv, sl, &sm->full_v[s], pages * C::SK + lane * C::SV + sl);
+            fa3__tma3(vd + sl * C::KV_SLAB + lane * pb * 128u, tv, sl * 64, (int)kvh, row, &sm->full_v[s]);
         }
         continue;
       }
@@ -136,7 +126,7 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
       }
     }
   }
-  if (CL == 1 && tid == 0u) fa3__sched_done(a.k.s.tile_counter);
+  if (tid == 0u) fa3__sched_done(a.k.s.tile_counter);
 }
 
 #endif /* __CUDACC__ */

@@ -29,33 +29,22 @@ typedef struct fa3__item {
   uint32_t w, ei;
 } fa3__item;
 
-/* The order of the work items. Item w is (planner tile b, q head hq). The q heads are taken in
- * passes of whole kv-head groups, each pass walking its tiles from the largest index down
- * (causal tiles with most KV first) with the pass's q heads side by side, so that the blocks at
- * work at once read the KV of few heads, which then stays in L2 (FlashAttention-3 groups its
- * heads for L2 likewise; docs/credits.md). Non-causal tiles all cost the same, so a pass is
- * one kv head's q heads; a causal pass holds at least 16 items a block, so that its longest
- * tile, claimed last of the pass, still ends with the rest of the work. */
+/* The order of the work items: w is (planner tile b, q head hq), the largest tile index first
+ * (causal tiles with most KV go first), the q heads of a tile side by side. */
 __device__ __forceinline__ uint32_t fa3__item_at(const fa3__args &a, uint32_t w, uint32_t num_tiles, uint32_t *hq) {
-  const uint32_t qh = a.k.l.num_q_heads, nkv = a.k.l.num_kv_heads, G = qh / nkv;
-  uint32_t kv_pass = 1u;
-  if (a.k.s.hdr->causal) kv_pass = min(nkv, (16u * gridDim.x + num_tiles * G - 1u) / (num_tiles * G));
-  const uint32_t heads = kv_pass * G, pass = w / (heads * num_tiles), r = w - pass * heads * num_tiles;
-  const uint32_t in_pass = min(heads, qh - pass * heads);
-  *hq = pass * heads + r % in_pass;
-  return num_tiles - 1u - r / in_pass;
+  *hq = w % a.k.l.num_q_heads;
+  return num_tiles - 1u - w / a.k.l.num_q_heads;
 }
 
-/* Work item w of entry ei, made into its tile: rows (from row off of the item: 128 times the
- * block's rank in a cluster), head and KV blocks. */
+/* Work item w of entry ei, made into its tile: rows, head and KV blocks. */
 template <int BN>
 __device__ __forceinline__ void fa3__tile_of(const fa3__args &a, uint32_t w, uint32_t ei, uint32_t num_tiles,
-                                             uint32_t off, fa3__tile *t) {
+                                             fa3__tile *t) {
   const fattn__step_hdr *hdr = a.k.s.hdr;
   const uint32_t b = fa3__item_at(a, w, num_tiles, &t->hq);
   t->e = a.k.s.entries[ei];
   const uint32_t local = b - t->e.tile_start;
-  t->R0 = local * 64u + off;
+  t->R0 = local * 64u;
   t->tree = hdr->mode == FATTN_MODE_TARGET_VERIFY && t->e.mask_row != UINT32_MAX && a.k.s.mask;
   const uint32_t last = min(t->R0 + 127u, t->e.q_len - 1u);
   fattn__kv_range r = fattn__rows_range(&a.k.l, (int)hdr->causal, t->tree, t->e.q_len, t->e.kv_len, t->R0, last);
@@ -64,45 +53,34 @@ __device__ __forceinline__ void fa3__tile_of(const fa3__args &a, uint32_t w, uin
   t->nblk = t->ke > t->kb ? (t->ke - t->kb + BN - 1u) / BN : 0u;
 }
 
-/* The scheduler's contract. Blocks are persistent; the producer's thread 0 runs it (sm: the
- * shared-memory plan, whose sched_full / sched_empty mbarriers and ring_w / ring_entry words
- * are the ring):
- *   post(k)  claims the block's k-th item, skips the items that do not start a work unit (a
- *            unit is 128 rows a block of the cluster: items start on local planner tiles that
- *            are multiples of 2 CL), finds the item's entry once, and posts both to a ring of
- *            two slots. Alone (CL 1), the first item is the block's own index and later ones
- *            come from an atomic counter, so a block that drew short causal tiles takes more
- *            of them. A cluster of 2 (non-causal steps, where every unit of an entry costs
- *            the same) walks the items statically, one cluster's after another's, so that
- *            both blocks meet the same items without a word between them;
+/* The scheduler's contract. Blocks are persistent; the producer's thread 0 runs it:
+ * (sm: the shared-memory plan, whose sched_full / sched_empty mbarriers and ring_w / ring_entry
+ * words are the ring)
+ *   post(k)  claims the block's k-th item (k = 0: its own index; later ones from an atomic
+ *            counter, so a block that drew short causal tiles takes more of them), skips the
+ *            items that are second halves of 128-row tiles, finds the item's entry once, and
+ *            posts both to a ring of two slots;
  *   take(k)  is each consumer warp's side: the k-th item, its slot freed;
  *   done()   the last block to finish puts the counter back to 0 for the next launch.
  * The producer runs stages ahead of the consumers, so a claim's round trip hides behind the
  * last stages of the tile before, and the entry's binary search is off the consumers' path. */
-template <int CL>
-static __device__ __noinline__ fa3__item fa3__claim(const fa3__args &a, uint32_t k, uint32_t from, uint32_t work,
-                                                    uint32_t num_tiles) {
-  const uint32_t n = a.k.s.hdr->num_entries, step = CL == 1 ? 0u : gridDim.x / CL;
-  uint32_t w = CL == 1 ? (k ? gridDim.x + atomicAdd(a.k.s.tile_counter, 1u) : blockIdx.x) : from;
-  for (;;) {
+static __device__ __noinline__ fa3__item fa3__claim(const fa3__args &a, uint32_t k, uint32_t work, uint32_t num_tiles) {
+  const uint32_t n = a.k.s.hdr->num_entries;
+  for (uint32_t w = k ? gridDim.x + atomicAdd(a.k.s.tile_counter, 1u) : blockIdx.x;;
+       w = gridDim.x + atomicAdd(a.k.s.tile_counter, 1u)) {
     if (w >= work) return fa3__item{w, 0u};
     uint32_t hq;
     const uint32_t b = fa3__item_at(a, w, num_tiles, &hq), ei = fa2__find(a.k.s.entries, n, b);
-    if (((b - a.k.s.entries[ei].tile_start) & (2u * CL - 1u)) == 0u) return fa3__item{w, ei};
-    w = CL == 1 ? gridDim.x + atomicAdd(a.k.s.tile_counter, 1u) : w + step;
+    if (((b - a.k.s.entries[ei].tile_start) & 1u) == 0u) return fa3__item{w, ei}; /* a whole tile starts on an even local index */
   }
 }
-/* Posts the k-th item; from: where a cluster's static walk goes on (its last item + the
- * clusters; its index first). Returns the item posted. */
-template <int CL, typename P>
-__device__ __forceinline__ uint32_t fa3__sched_post(const fa3__args &a, P *sm, uint32_t k, uint32_t from, uint32_t work,
-                                                    uint32_t num_tiles) {
-  const fa3__item item = fa3__claim<CL>(a, k, from, work, num_tiles);
+template <typename P>
+__device__ __forceinline__ void fa3__sched_post(const fa3__args &a, P *sm, uint32_t k, uint32_t work, uint32_t num_tiles) {
+  const fa3__item item = fa3__claim(a, k, work, num_tiles);
   fa3__wait(&sm->sched_empty[k & 1u], ((k >> 1) & 1u) ^ 1u);
   sm->ring_w[k & 1u] = item.w;
   sm->ring_entry[k & 1u] = item.ei;
   fa3__arrive(&sm->sched_full[k & 1u]);
-  return item.w;
 }
 template <typename P> __device__ __forceinline__ fa3__item fa3__sched_take(P *sm, uint32_t k) {
   fa3__wait(&sm->sched_full[k & 1u], (k >> 1) & 1u);

@@ -46,31 +46,6 @@ __device__ __forceinline__ void fa3__tma3(void *dst, const CUtensorMap *map, int
       "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(fa2__smem(b))
       : "memory");
 }
-/* The same box into the same offset of each block of the cluster in mask, each block's
- * mbarrier at bar's offset counting its bytes. */
-__device__ __forceinline__ void fa3__tma3_multicast(void *dst, const CUtensorMap *map, int c0, int c1, int c2,
-                                                    uint64_t *b, uint16_t mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(
-          fa2__smem(dst)),
-      "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(fa2__smem(b)), "h"(mask)
-      : "memory");
-}
-/* This block's rank in its cluster; a sync of every thread of the cluster. */
-__device__ __forceinline__ uint32_t fa3__cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ void fa3__cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-/* Arrives on the mbarrier at b's offset in block rank of the cluster. */
-__device__ __forceinline__ void fa3__arrive_remote(uint64_t *b, uint32_t rank) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(fa2__smem(b)), "r"(rank));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
-}
 __device__ __forceinline__ void fa3__sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }

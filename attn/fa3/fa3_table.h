@@ -5,7 +5,7 @@
 
 #include <stdint.h>
 
-/* X(DK, DV, BN, ST, ST8, P_REGS, C_REGS, SOFTMAX, CL), read as a table:
+/* X(DK, DV, BN, ST, ST8, P_REGS, C_REGS, SOFTMAX), read as a table:
  *   DK, DV   the QK and PV dims of the tiles, in 64-dim slabs (d 96 runs the 128 row with its
  *            upper dims zero; d 192 has rows for d_v 128 and 192)
  *   BN       KV slots a block (the S GEMM's N)
@@ -16,18 +16,14 @@
  *            for more than the producer freed wait forever. At d 192 the producer's TMA lanes
  *            spill at 40 and the consumers fit in 224 (ptxas -v).
  *   SOFTMAX  exact (rescale whenever a max grows) or lazy (FA4's thresholded max; it pays
- *            where O is 128 registers a thread)
- *   CL       blocks a cluster on non-causal steps with 16-bit KV by TMA: the blocks of a
- *            cluster take adjacent 128-row tiles of one head and share each K and V box
- *            (multicast), so L2 serves the KV once for the cluster; causal tiles of one head
- *            differ in KV range and run alone */
-#define FA3__TABLE(X)                            \
-  /* DK   DV   BN  ST ST8  P    C   softmax CL */ \
-  X(64, 64, 128, 4, 4, 40, 232, exact, 2)         \
-  X(128, 128, 128, 3, 2, 40, 232, exact, 2)       \
-  X(192, 128, 64, 4, 3, 56, 224, lazy, 2)         \
-  X(192, 192, 64, 3, 3, 56, 224, lazy, 2)         \
-  X(256, 256, 64, 2, 2, 40, 232, lazy, 2)
+ *            where O is 128 registers a thread) */
+#define FA3__TABLE(X)                         \
+  /* DK   DV   BN  ST ST8  P    C   softmax */ \
+  X(64, 64, 128, 4, 4, 40, 232, exact)         \
+  X(128, 128, 128, 3, 2, 40, 232, exact)       \
+  X(192, 128, 64, 4, 3, 56, 224, lazy)         \
+  X(192, 192, 64, 3, 3, 56, 224, lazy)         \
+  X(256, 256, 64, 2, 2, 40, 232, lazy)
 
 /* A head dim rounded up to the 64-dim slabs of the tiles. */
 #define FA3__DK(hd) (((hd) + 63u) / 64u * 64u)
@@ -38,7 +34,7 @@
 /* KV slots a block of the layer's kernel (its table row), 0 where no row serves. */
 static inline uint32_t fa3__tile_slots(uint32_t head_dim, uint32_t head_dim_v) {
   const uint32_t dk = FA3__DK(head_dim), dv = FA3__DK(head_dim_v);
-#define FA3__ROW_BN(DK, DV, BN, ST, ST8, P, C, SM, CL) \
+#define FA3__ROW_BN(DK, DV, BN, ST, ST8, P, C, SM) \
   if (dk == DK && dv == DV) return BN;
   FA3__TABLE(FA3__ROW_BN)
 #undef FA3__ROW_BN
@@ -50,9 +46,9 @@ static inline uint32_t fa3__tile_slots(uint32_t head_dim, uint32_t head_dim_v) {
 #include "attn/fa3/fa3_softmax.h"
 
 template <int DK, int DV> struct fa3__row;
-#define FA3__ROW_TRAITS(DK, DV, BN_, ST_, ST8_, P, C, SM, CL_)                           \
-  template <> struct fa3__row<DK, DV> {                                                 \
-    static constexpr int BN = BN_, ST = ST_, ST8 = ST8_, P_REGS = P, C_REGS = C, CL = CL_; \
+#define FA3__ROW_TRAITS(DK, DV, BN_, ST_, ST8_, P, C, SM)                      \
+  template <> struct fa3__row<DK, DV> {                                      \
+    static constexpr int BN = BN_, ST = ST_, ST8 = ST8_, P_REGS = P, C_REGS = C; \
     template <int N> using softmax = fa3__softmax_##SM<N>;                   \
   };
 FA3__TABLE(FA3__ROW_TRAITS)
