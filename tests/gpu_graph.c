@@ -133,18 +133,22 @@ static void read_out(rig *r, uint16_t *out, float *lse, uint32_t tokens) {
   ck_assert_int_eq(cudaMemcpy(lse, r->lse, (size_t)tokens * HQ * 4, cudaMemcpyDeviceToHost), cudaSuccess);
 }
 
-/* 200 replays a mode (4 under FATTN_TEST_QUICK) with random batch sizes and lengths: graph output equals eager bit
- * for bit, padding rows come out as zeros, and plan + launch make no forbidden call. */
-START_TEST(replay_equals_eager_every_mode) {
+/* reps replays a mode with random batch sizes and lengths from seed, on a rig whose heads take
+ * the sinks sink4[h % 4] (NULL: none): graph output and LSE equal eager bit for bit, padding
+ * rows come out as zeros, plan + launch make no forbidden call, every LSE is finite (every row
+ * sees its own slot), and a head whose sink is 150 above every score (N(0, 1) data at d 128:
+ * scores within a few units of 0) has LSE 150 and O 0: its sink's term would overflow float
+ * against the row's max. */
+static void replay_every_mode(const float *sink4, uint64_t seed, int reps) {
+  float sinks[LAYERS * HQ];
+  for (uint32_t i = 0; sink4 && i < LAYERS * HQ; i++) sinks[i] = sink4[i % 4];
   rig r;
-  open_rig(&r, MAXB, CAP, NULL);
+  open_rig(&r, MAXB, CAP, sink4 ? sinks : NULL);
   const fattn_mode modes[4] = {FATTN_MODE_DECODE, FATTN_MODE_DRAFT_DECODE, FATTN_MODE_TARGET_VERIFY,
                                FATTN_MODE_DRAFT_EXTEND};
   static uint16_t eager[CAP * HQ * D], graph[CAP * HQ * D];
   static float eager_lse[CAP * HQ], graph_lse[CAP * HQ];
-  uint64_t seed = 7;
   long forbidden = 0;
-  const int reps = getenv("FATTN_TEST_QUICK") ? 4 : 200; /* under compute-sanitizer */
   for (int m = 0; m < 4; m++) {
     for (uint32_t b = 1; b <= MAXB; b++) ck_assert_msg(fattn_graph_capture(r.ctx, modes[m], b, layers, &r) == FATTN_OK, "%s", fattn_detail(r.ctx));
     for (int rep = 0; rep < reps; rep++) {
@@ -161,6 +165,7 @@ START_TEST(replay_equals_eager_every_mode) {
       layers(&r, r.stream);
       read_out(&r, eager, eager_lse, tokens);
       ck_assert_int_eq(fattn_test_gpu_nan(r.out, (size_t)CAP * HQ * D, FATTN_DTYPE_BF16), 0);
+      ck_assert_int_eq(fattn_test_gpu_nan(r.lse, (size_t)CAP * HQ, 0), 0);
       ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
       fattn_calls_reset();
       fattn_status st = fattn_graph_launch(r.ctx, &b, r.stream);
@@ -178,58 +183,11 @@ START_TEST(replay_equals_eager_every_mode) {
       ck_assert_uint_eq(fattn_test_count_nan(eager, (size_t)tokens * HQ * D, FATTN_DTYPE_BF16), 0);
       for (size_t i = (size_t)tokens * HQ * D; i < (size_t)bucket_tokens * HQ * D; i++)
         ck_assert_msg(graph[i] == 0, "mode %d: padding row element %zu is 0x%04x, not 0", modes[m], i, graph[i]);
-      for (uint32_t i = 0; i < opened; i++) ck_assert_ok(fattn_seq_close(r.ctx, ids[64 + i]));
-    }
-  }
-  ck_assert_int_eq(forbidden, 0);
-  ck_assert_ok(fattn_check(r.ctx));
-  close_rig(&r);
-}
-END_TEST
-
-/* Sinks 150 above every score (N(0, 1) data at d 128: scores within a few units of 0), 150
- * below, none and 0, heads 0-3 and again 4-7 of both layers, in every graph mode (16 replays
- * each, 2 under FATTN_TEST_QUICK): replay equals eager bit for bit, every LSE is finite (every
- * row sees its own slot), and a head whose sink is above has LSE 150 and O 0: its sink's term
- * would overflow float against the row's max. */
-START_TEST(sinks_far_from_scores_replay) {
-  static const float SINK[4] = {150.0f, -150.0f, -INFINITY, 0.0f};
-  float sinks[LAYERS * HQ];
-  for (uint32_t i = 0; i < LAYERS * HQ; i++) sinks[i] = SINK[i % 4];
-  rig r;
-  open_rig(&r, MAXB, CAP, sinks);
-  const fattn_mode modes[4] = {FATTN_MODE_DECODE, FATTN_MODE_DRAFT_DECODE, FATTN_MODE_TARGET_VERIFY,
-                               FATTN_MODE_DRAFT_EXTEND};
-  static uint16_t eager[CAP * HQ * D], graph[CAP * HQ * D];
-  static float eager_lse[CAP * HQ], graph_lse[CAP * HQ];
-  uint64_t seed = 19;
-  const int reps = getenv("FATTN_TEST_QUICK") ? 2 : 16;
-  for (int m = 0; m < 4; m++) {
-    for (uint32_t b = 1; b <= MAXB; b++) ck_assert_msg(fattn_graph_capture(r.ctx, modes[m], b, layers, &r) == FATTN_OK, "%s", fattn_detail(r.ctx));
-    for (int rep = 0; rep < reps; rep++) {
-      uint32_t ids[128], q[64], opened;
-      uint64_t mask[MAXB * DRAFT];
-      fattn_batch b;
-      uint32_t tokens = make_batch(&r, modes[m], &seed, &b, ids, q, mask, &opened);
-      ck_assert_int_eq(fattn_test_gpu_randn(r.q, (size_t)CAP * HQ * D, FATTN_DTYPE_BF16, 1.0f, seed), 0);
-      ck_assert_int_eq(fattn_test_gpu_randn(r.k, (size_t)CAP * HKV * D, FATTN_DTYPE_BF16, 1.0f, seed + 1), 0);
-      ck_assert_int_eq(fattn_test_gpu_randn(r.v, (size_t)CAP * HKV * D, FATTN_DTYPE_BF16, 1.0f, seed + 2), 0);
-      ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
-      ck_assert_msg(fattn_plan(r.ctx, &b, r.stream) == FATTN_OK, "%s", fattn_detail(r.ctx));
-      layers(&r, r.stream);
-      read_out(&r, eager, eager_lse, tokens);
-      ck_assert_int_eq(fattn_test_gpu_nan(r.out, (size_t)CAP * HQ * D, FATTN_DTYPE_BF16), 0);
-      ck_assert_int_eq(fattn_test_gpu_nan(r.lse, (size_t)CAP * HQ, 0), 0);
-      ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
-      ck_assert_msg(fattn_graph_launch(r.ctx, &b, r.stream) == FATTN_OK, "%s", fattn_detail(r.ctx));
-      read_out(&r, graph, graph_lse, tokens);
-      ck_assert_msg(memcmp(eager, graph, (size_t)tokens * HQ * D * 2) == 0, "mode %d rep %d: O differs", modes[m], rep);
-      ck_assert_msg(memcmp(eager_lse, graph_lse, (size_t)tokens * HQ * 4) == 0, "mode %d rep %d: LSE differs", modes[m], rep);
-      ck_assert_uint_eq(fattn_test_count_nan(eager, (size_t)tokens * HQ * D, FATTN_DTYPE_BF16), 0);
       for (uint32_t i = 0; i < tokens * HQ; i++) {
+        const float sink = sink4 ? sink4[i % 4] : -INFINITY;
         ck_assert_msg(isfinite(eager_lse[i]), "mode %d rep %d: row %u (sink %g) has LSE %g", modes[m], rep, i,
-                      (double)SINK[i % 4], (double)eager_lse[i]);
-        if (SINK[i % 4] != 150.0f) continue;
+                      (double)sink, (double)eager_lse[i]);
+        if (sink != 150.0f) continue;
         ck_assert_msg(fabsf(eager_lse[i] - 150.0f) <= 1e-3f, "mode %d rep %d: row %u has LSE %g under a sink of 150",
                       modes[m], rep, i, (double)eager_lse[i]);
         for (uint32_t c = 0; c < D; c++)
@@ -240,8 +198,20 @@ START_TEST(sinks_far_from_scores_replay) {
       for (uint32_t i = 0; i < opened; i++) ck_assert_ok(fattn_seq_close(r.ctx, ids[64 + i]));
     }
   }
+  ck_assert_int_eq(forbidden, 0);
   ck_assert_ok(fattn_check(r.ctx));
   close_rig(&r);
+}
+
+/* 200 replays a mode (4 under FATTN_TEST_QUICK), no sinks. */
+START_TEST(replay_equals_eager_every_mode) { replay_every_mode(NULL, 7, getenv("FATTN_TEST_QUICK") ? 4 : 200); }
+END_TEST
+
+/* Sinks 150 above every score, 150 below, none and 0, heads 0-3 and again 4-7 of both layers,
+ * 16 replays a mode (2 under FATTN_TEST_QUICK). */
+START_TEST(sinks_far_from_scores_replay) {
+  static const float SINK[4] = {150.0f, -150.0f, -INFINITY, 0.0f};
+  replay_every_mode(SINK, 19, getenv("FATTN_TEST_QUICK") ? 2 : 16);
 }
 END_TEST
 

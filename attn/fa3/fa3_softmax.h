@@ -36,34 +36,15 @@ template <int BN> __device__ __forceinline__ void fa3__rows_exp(float *s, float 
   }
 }
 
-/* Exact online softmax in exp2, rescaling whenever a row max grows. */
-template <int BN> struct fa3__softmax_exact {
-  static constexpr bool LAZY = false;
-  float m[2], l[2];
-  __device__ __forceinline__ void init() { m[0] = m[1] = -INFINITY; l[0] = l[1] = 0.f; }
-  __device__ __forceinline__ void step(float *s, float mul, float *alpha) {
-    float mx[2] = {-INFINITY, -INFINITY};
-    fa3__rows_max<BN>(s, mx);
-    float base[2];
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-      mx[h] = fmaxf(m[h], fa2__lanes_max<1, 2>(mx[h]) * mul);
-      base[h] = mx[h] == -INFINITY ? 0.f : mx[h];
-      alpha[h] = fa2__exp2(m[h] - base[h]);
-      m[h] = mx[h];
-      l[h] *= alpha[h];
-    }
-    fa3__rows_exp<BN>(s, mul, base, l);
-  }
-};
-
-/* FA4's lazy rescaling (docs/credits.md): a row's max moves only when a score passes it by
- * more than 2^TH, so most tiles leave alpha at exactly 1; the weights stay under 2^TH, which
- * bf16 / fp16 P and the fp32 sums hold as well as weights under 1. It pays on the 64-slot
- * tiles (d 192 and 256), where O is 128 registers a thread; on the 128-slot tiles the vote
- * costs more than the multiplies it saves (docs/performance.md). */
-template <int BN> struct fa3__softmax_lazy {
-  static constexpr bool LAZY = true;
+/* Online softmax in exp2. Exact (LAZY false): a row's max follows its scores and O is
+ * rescaled whenever it grows. Lazy: FA4's rescaling (docs/credits.md): a row's max moves only
+ * when a score passes it by more than 2^TH, so most tiles leave alpha at exactly 1 and a warp
+ * votes to skip the rescale; the weights stay under 2^TH, which bf16 / fp16 P and the fp32
+ * sums hold as well as weights under 1. Lazy pays on the 64-slot tiles (d 192 and 256), where
+ * O is 128 registers a thread; on the 128-slot tiles the vote costs more than the multiplies
+ * it saves (docs/performance.md). */
+template <int BN, bool LAZY_> struct fa3__softmax {
+  static constexpr bool LAZY = LAZY_;
   static constexpr float TH = 8.f;
   float m[2], l[2];
   __device__ __forceinline__ void init() { m[0] = m[1] = -INFINITY; l[0] = l[1] = 0.f; }
@@ -73,16 +54,18 @@ template <int BN> struct fa3__softmax_lazy {
     float base[2];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-      mx[h] = fa2__lanes_max<1, 2>(mx[h]) * mul;
-      const float nm = mx[h] > m[h] + TH ? mx[h] : m[h];
+      const float seen = fa2__lanes_max<1, 2>(mx[h]) * mul;
+      const float nm = LAZY ? (seen > m[h] + TH ? seen : m[h]) : fmaxf(m[h], seen);
       base[h] = nm == -INFINITY ? 0.f : nm;
-      alpha[h] = nm == m[h] ? 1.f : fa2__exp2(m[h] - base[h]);
+      alpha[h] = LAZY && nm == m[h] ? 1.f : fa2__exp2(m[h] - base[h]);
       m[h] = nm;
       l[h] *= alpha[h];
     }
     fa3__rows_exp<BN>(s, mul, base, l);
   }
 };
+template <int BN> using fa3__softmax_exact = fa3__softmax<BN, false>;
+template <int BN> using fa3__softmax_lazy = fa3__softmax<BN, true>;
 
 #endif /* __CUDACC__ */
 #endif /* FATTN_ATTN_FA3_FA3_SOFTMAX_H */
