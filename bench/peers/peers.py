@@ -1,6 +1,6 @@
 # peers.py: times peer attention (PyTorch SDPA's cuDNN and FlashAttention-2 backends,
-# FlexAttention, and FlashAttention-3 / -4 where their wheels are installed) on the shapes of
-# `fattn-bench decode` / `prefill`, on the GPU machine only.
+# FlexAttention, and FlashAttention-3 / -4 and FlashInfer's paged prefill where their wheels
+# are installed) on the shapes of `fattn-bench decode` / `prefill`, on the GPU machine only.
 # Usage: python3 bench/peers/peers.py [decode|prefill|serve|all] [--timing gpu|host]  (reads build/*.csv
 # for ratios); `peers.py one cudnn|fa2|FA3|FA4 D SEQ CAUSAL` runs one prefill shape (for ncu).
 # Timing as fattn-bench's: gpu (default) queues each timed call behind a ~200 us spin
@@ -35,6 +35,11 @@ try:  # flash-attn-4: FlashAttention-4's CuTe kernels, SM90 path
     from flash_attn.cute.interface import flash_attn_func as FA4_FUNC
 except Exception:
     FA4_FUNC = None
+
+try:  # flashinfer-python: its paged prefill (FA3-template kernels on SM90), at fattn's page sizes
+    import flashinfer as FI
+except Exception:
+    FI = None
 
 HOST_TIMING = "--timing" in sys.argv and sys.argv[sys.argv.index("--timing") + 1:][:1] == ["host"]
 HOLD_CYCLES = 400_000  # ~200 us at the H200's clock: longer than PyTorch's host path of a call
@@ -78,6 +83,39 @@ def flash(func, q, k, v, causal):
         return None
     qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
     return lambda: func(qt, kt, vt, causal=causal)
+
+
+def flashinfer_paged(q, k, v, causal, page):
+    """FlashInfer's paged prefill on [bs, heads, seq, d] tensors laid into pages of page slots
+    (q [bs, hq, q_len, d]; k, v [bs, hkv, kv_len, d]); queries aligned to the end of the KV."""
+    if FI is None:
+        return None
+    try:
+        return _flashinfer_paged(q, k, v, causal, page)
+    except Exception as e:  # a wheel without the module for this shape reports n/a
+        print(f"    (FlashInfer: {type(e).__name__}: {str(e).splitlines()[0][:80]})")
+        return None
+
+
+def _flashinfer_paged(q, k, v, causal, page):
+    bs, hq, ql, d = q.shape
+    hkv, kvl = k.shape[1], k.shape[2]
+    per = (kvl + page - 1) // page
+    pad = per * page - kvl
+    def pages(x):  # [bs * per, page, hkv, d]
+        x = torch.nn.functional.pad(x.transpose(1, 2), (0, 0, 0, 0, 0, pad))
+        return x.reshape(bs * per, page, hkv, d).contiguous()
+    kp, vp = pages(k), pages(v)
+    qf = q.transpose(1, 2).reshape(bs * ql, hq, d).contiguous()
+    i32 = dict(device="cuda", dtype=torch.int32)
+    qo_indptr = torch.arange(0, bs + 1, **i32) * ql
+    kv_indptr = torch.arange(0, bs + 1, **i32) * per
+    kv_indices = torch.arange(0, bs * per, **i32)
+    last = torch.full((bs,), kvl - (per - 1) * page, **i32)
+    ws = torch.empty(256 << 20, device="cuda", dtype=torch.uint8)
+    w = FI.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
+    w.plan(qo_indptr, kv_indptr, kv_indices, last, hq, hkv, d, page, causal=causal)
+    return lambda: w.run(qf, (kp, vp))
 
 
 def try_time(fn):
@@ -132,8 +170,8 @@ def prefill():
     gemm = 2 * 8192**3 / (median_ms(lambda: a @ b) / 1e3) / 1e12
     del a, b
     print(f"prefill, FA3 paper setup (16k tokens, hidden 2048), bf16, TFLOP/s; cuBLAS bf16 GEMM 8192^3: {gemm:.0f}")
-    print(f"{'d':>4} {'seq':>6} {'causal':>6} {'cudnn':>8} {'fa2':>8} {'FA3':>8} {'FA4':>8} {'our fa2':>8} {'our fa3':>8} "
-          f"{'/best':>6} {'/gemm':>6}")
+    print(f"{'d':>4} {'seq':>6} {'causal':>6} {'cudnn':>8} {'fa2':>8} {'FA3':>8} {'FA4':>8} {'FI128':>8} {'our fa2':>8} "
+          f"{'our fa3':>8} {'/best':>6} {'/gemm':>6}")
     for d in (64, 128, 256):
         for seq in (512, 1024, 2048, 4096, 8192, 16384):
             bs, h = 16384 // seq, 2048 // d
@@ -144,15 +182,16 @@ def prefill():
                 t = {n: try_time(sdpa(n, q, k, v, causal)) for n in BACKENDS}
                 t["FA3"] = try_time(flash(FA3_FUNC, q, k, v, causal))
                 t["FA4"] = try_time(flash(FA4_FUNC, q, k, v, causal))
+                t["FI"] = try_time(flashinfer_paged(q, k, v, causal, 128)) if FI is not None else None
                 rate = {n: (flops / (ms / 1e3) / 1e12 if ms else None) for n, ms in t.items()}
                 key = ("causal" if causal else "noncausal", bs, seq, d, "bf16", 128)
                 f = float(ours[key]["tflops"]) if key in ours else None
                 f3 = float(ours3[key]["tflops"]) if key in ours3 else None
-                best = max((rate[n] for n in ("cudnn", "FA3", "FA4") if rate[n]), default=None)
+                best = max((rate[n] for n in ("cudnn", "FA3", "FA4", "FI") if rate[n]), default=None)
                 ratio = f"{f3 / best:6.2f}" if f3 and best else "   n/a"
                 frac = f"{f3 / gemm:6.2f}" if f3 else "   n/a"
                 print(f"{d:4} {seq:6} {str(causal):>6} {fmt(rate['cudnn'])} {fmt(rate['fa2'])} {fmt(rate['FA3'])} "
-                      f"{fmt(rate['FA4'])} {fmt(f)} {fmt(f3)} {ratio} {frac}")
+                      f"{fmt(rate['FA4'])} {fmt(rate['FI'])} {fmt(f)} {fmt(f3)} {ratio} {frac}")
             del q, k, v
             torch.cuda.empty_cache()
 
@@ -162,7 +201,7 @@ def serve():
     over a cached prefix (causal, queries aligned to the end of the KV), then the varlen batch."""
     ours = read_csv("build/prefill_fa3.csv")
     print("prefill, serving shapes (32 q / 8 kv heads, d 128, bf16), TFLOP/s; peers contiguous, fattn paged")
-    print(f"{'bs':>3} {'q':>6} {'prefix':>6} {'cudnn':>8} {'FA3':>8} {'fattn16':>8} {'fattn128':>8} {'/best':>6}")
+    print(f"{'bs':>3} {'q':>6} {'prefix':>6} {'cudnn':>8} {'FA3':>8} {'FI16':>8} {'fattn16':>8} {'fattn128':>8} {'/best':>6}")
     for bs in (1, 16):
         for ql in (512, 2048, 8192):
             for prefix in (0, 8192, 32768):
@@ -171,7 +210,7 @@ def serve():
                 k = torch.randn(bs, 8, kv, 128, device="cuda", dtype=torch.bfloat16)
                 v = torch.randn_like(k)
                 flops = 4 * bs * 32 * 128 * (ql * prefix + ql * (ql + 1) / 2)
-                t = {"cudnn": None, "FA3": None}
+                t = {"cudnn": None, "FA3": None, "FI": None}
                 if prefix == 0:
                     t["cudnn"] = try_time(sdpa("cudnn", q, k, v, True))
                 else:
@@ -185,12 +224,15 @@ def serve():
                     qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
                     t["FA3"] = try_time(lambda: FA3_FUNC(qt, kt, vt, causal=True))
                     del qt, kt, vt
+                if FI is not None:
+                    t["FI"] = try_time(flashinfer_paged(q, k, v, True, 16))
                 rate = {n: (flops / (ms / 1e3) / 1e12 if ms else None) for n, ms in t.items()}
                 f = {p: ours.get(("causal", bs, kv, 128, "bf16", p)) for p in (16, 128)}
                 r = {p: float(f[p]["tflops"]) if f[p] else None for p in f}
                 best = max((x for x in rate.values() if x), default=None)
                 ratio = f"{r[16] / best:6.2f}" if r[16] and best else "   n/a"
-                print(f"{bs:3} {ql:6} {prefix:6} {fmt(rate['cudnn'])} {fmt(rate['FA3'])} {fmt(r[16])} {fmt(r[128])} {ratio}")
+                print(f"{bs:3} {ql:6} {prefix:6} {fmt(rate['cudnn'])} {fmt(rate['FA3'])} {fmt(rate['FI'])} {fmt(r[16])} "
+                      f"{fmt(r[128])} {ratio}")
                 del q, k, v
                 torch.cuda.empty_cache()
     # the varlen batch: the same draw as fattn-bench's
