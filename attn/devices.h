@@ -6,19 +6,27 @@
 /* Device ordinals fattn serves: 0 .. FATTN__MAX_DEVICES - 1 (fattn_create rejects the rest). */
 #define FATTN__MAX_DEVICES 64
 
-#ifdef __cplusplus
-#include <cuda_runtime.h>
+#include <cuda_runtime_api.h>
 
-#include <atomic>
-
-/* The calling thread's current CUDA device, or -1 where it cannot be read or lies past the
- * tables (then nothing is cached and every ask reads the device again). */
-static inline int fattn__device_now() {
+/* The calling thread's current CUDA device, -1 where none can be read. */
+static inline int fattn__current_device(void) {
   int dev = -1;
   if (cudaGetDevice(&dev) != cudaSuccess) {
     cudaGetLastError();
     return -1;
   }
+  return dev;
+}
+
+#ifdef __cplusplus
+#include <cuda_runtime.h>
+
+#include <atomic>
+
+/* The current device, or -1 where it cannot be read or lies past the tables (then nothing is
+ * cached and every ask reads the device again). */
+static inline int fattn__device_now() {
+  const int dev = fattn__current_device();
   return dev >= 0 && dev < FATTN__MAX_DEVICES ? dev : -1;
 }
 

@@ -107,19 +107,9 @@ static fattn_status open_device(const fattn__norm *n, uint32_t *num_sms, char *d
   return FATTN_OK;
 }
 
-/* The calling thread's current CUDA device, -1 where none can be read. */
-static int current_device(void) {
-  int dev = -1;
-  if (cudaGetDevice(&dev) != cudaSuccess) {
-    cudaGetLastError();
-    dev = -1;
-  }
-  return dev;
-}
-
 fattn_status fattn__on_device(fattn_ctx *ctx, const char *call) {
   if (ctx->device < 0) return FATTN_OK;
-  const int dev = current_device();
+  const int dev = fattn__current_device();
   if (dev == ctx->device) return FATTN_OK;
   return fattn__fail(ctx, FATTN_ERR_STATE,
                      "%s: the calling thread's current CUDA device is %d, the context's is device %d "
@@ -225,9 +215,8 @@ fattn_status fattn_create(const fattn_config *cfg, const fattn_model *model, fat
   fattn__norm n;
   fattn__layout lay;
   fattn_memory_report r = FATTN_MEMORY_REPORT_INIT;
-  fattn_model m_local; /* the model's arrays, read at create: an older caller's struct may lack them */
   fattn_status st = fattn__normalize(cfg, model, &n, detail, detail_len);
-  if (!st) model = fattn__abi_read(&fattn__abi_model, model, &m_local);
+  model = &n.model; /* the caller's, in this library's layout (an older caller's lacks fields) */
   if (!st) st = fattn__layout_compute(&n, &lay, &r, detail, detail_len);
   uint32_t sms = 132; /* the CPU backend plans as for an H200 so that plans are comparable */
   if (!st && !n.on_cpu) st = open_device(&n, &sms, detail, detail_len);
@@ -255,7 +244,7 @@ fattn_status fattn_destroy(fattn_ctx *ctx, int force) {
   uint32_t open = fattn__seqs_open(&ctx->pages);
   if (open && !force)
     return fattn__fail(ctx, FATTN_ERR_BUSY, "%u sequences still open (close them or force)", open);
-  if (ctx->device >= 0 && current_device() != ctx->device) cudaSetDevice(ctx->device); /* left current */
+  if (ctx->device >= 0 && fattn__current_device() != ctx->device) cudaSetDevice(ctx->device); /* left current */
   release(ctx);
   return FATTN_OK;
 }

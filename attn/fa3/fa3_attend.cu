@@ -74,7 +74,7 @@ extern "C" int fattn__fa3_attend(fattn__layer_params l, fattn__step_params s, co
     maps = none;
   }
   const uint64_t work = (uint64_t)s.cap_tiles * l.num_q_heads;
-  const int grid = (int)(work < (uint64_t)fa2__sm_count() ? work : (uint64_t)fa2__sm_count());
+  const int grid = (int)(work < a.k.num_sms ? work : a.k.num_sms); /* the SM count fa2__args_for read */
   cudaStream_t st = (cudaStream_t)stream;
   switch (FA3__DK(l.head_dim)) {
     case 64u: return fa3__launch_hd64(&a, maps, grid, st);
