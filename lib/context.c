@@ -215,8 +215,9 @@ fattn_status fattn_create(const fattn_config *cfg, const fattn_model *model, fat
   fattn__norm n;
   fattn__layout lay;
   fattn_memory_report r = FATTN_MEMORY_REPORT_INIT;
-  fattn_status st = fattn__normalize(cfg, model, &n, detail, detail_len);
-  model = &n.model; /* the caller's, in this library's layout (an older caller's lacks fields) */
+  fattn_model m_local; /* the caller's arrays (sinks, layers), read at create: the normalised copy */
+  fattn_status st = fattn__normalize(cfg, model, &n, detail, detail_len); /* keeps no caller pointers */
+  if (!st) model = fattn__abi_read(&fattn__abi_model, model, &m_local);
   if (!st) st = fattn__layout_compute(&n, &lay, &r, detail, detail_len);
   uint32_t sms = 132; /* the CPU backend plans as for an H200 so that plans are comparable */
   if (!st && !n.on_cpu) st = open_device(&n, &sms, detail, detail_len);

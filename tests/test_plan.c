@@ -284,6 +284,58 @@ START_TEST(decode_equals_prefill_row) {
 }
 END_TEST
 
+/* The model's arrays reach the kernels through fattn_create: a sink far above every score sets
+ * its head's LSE and empties its O, a head without one matches a model without sinks bit for
+ * bit, and layer 1's window of 2 leaves rows 0-2 as they were and changes the later ones. */
+START_TEST(model_sinks_and_layer_opts_reach_attend) {
+  enum { T = 12 };
+  static uint16_t out[2][LAYERS][T * HQ * D];
+  static float lse[2][LAYERS][T * HQ];
+  float sinks[LAYERS * HQ];
+  for (int i = 0; i < LAYERS * HQ; i++) sinks[i] = i % HQ == 0 ? 150.0f : -INFINITY;
+  fattn_layer_opts opts[LAYERS] = {FATTN_LAYER_OPTS_INIT, FATTN_LAYER_OPTS_INIT};
+  opts[1].sliding_window = 2;
+  uint16_t *k = tokens(5, 0, T, HKV), *v = tokens(6, 0, T, HKV), *q = tokens(7, 0, T, HQ);
+  for (int with = 0; with < 2; with++) {
+    fattn_config c;
+    fattn_model m;
+    fattn_test_small(&c, &m);
+    m.sinks = with ? sinks : NULL;
+    m.layers = with ? opts : NULL;
+    ck_assert_msg(fattn_create(&c, &m, &ctx, detail, sizeof detail) == FATTN_OK, "%s", detail);
+    uint32_t s = seq_with(T), q_len[1] = {T};
+    fattn_batch b = FATTN_BATCH_INIT;
+    b.mode = FATTN_MODE_PREFILL;
+    b.num_seqs = 1;
+    b.seq_ids = &s;
+    b.q_lens = q_len;
+    ck_assert_msg(fattn_plan(ctx, &b, NULL) == FATTN_OK, "%s", fattn_detail(ctx));
+    for (uint32_t l = 0; l < LAYERS; l++) {
+      ck_assert_ok(fattn_store_kv(ctx, l, k, v, NULL));
+      ck_assert_ok(fattn_attend(ctx, l, q, out[with][l], lse[with][l], NULL));
+    }
+    ck_assert_ok(fattn_destroy(ctx, 1));
+  }
+  for (uint32_t t = 0; t < T; t++) {
+    for (uint32_t h = 0; h < HQ; h++) {
+      const size_t r = (size_t)t * HQ + h;
+      if (h == 0) {
+        ck_assert_msg(fabsf(lse[1][0][r] - 150.0f) <= 1e-3f, "row %u: LSE %g under a sink of 150", t,
+                      (double)lse[1][0][r]);
+        for (uint32_t c = 0; c < D; c++) ck_assert_uint_eq(out[1][0][r * D + c] & 0x7fffu, 0u);
+      } else {
+        ck_assert_int_eq(memcmp(&lse[1][0][r], &lse[0][0][r], sizeof(float)), 0);
+        ck_assert_int_eq(memcmp(&out[1][0][r * D], &out[0][0][r * D], D * 2), 0);
+        const int same = memcmp(&out[1][1][r * D], &out[0][1][r * D], D * 2) == 0;
+        ck_assert_msg(same == (t <= 2), "layer 1 row %u head %u: the window of 2 %s", t, h,
+                      same ? "changed nothing" : "changed a row that sees all its keys");
+      }
+    }
+  }
+  free(k), free(v), free(q);
+}
+END_TEST
+
 /* A fork that writes into its shared tail page gets a private copy holding the prefix:
  * its decode equals that of a sequence that was given the same tokens outright. */
 START_TEST(fork_copy_on_write_keeps_prefix) {
@@ -374,4 +426,5 @@ END_TEST
 
 FATTN_SUITE("plan", FATTN_TEST_CPU, rejects_bad_batches_unchanged, decode_equals_prefill_row,
             fork_copy_on_write_keeps_prefix, draft_decode_equals_decode_per_branch,
-            large_changes_take_several_slots, versioned_batches_adapt, duplicate_check_survives_the_stamp_wrap)
+            large_changes_take_several_slots, versioned_batches_adapt, duplicate_check_survives_the_stamp_wrap,
+            model_sinks_and_layer_opts_reach_attend)
