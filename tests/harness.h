@@ -25,9 +25,21 @@ int fattn_test_cuda_devices(void);
 
 #define ck_assert_ok(call) ck_assert_status((call), FATTN_OK)
 
+/* A case that cannot run here (a two-device case on one GPU) says so and returns: it counts
+ * as skipped, with its reason, never as passed. */
+static int fattn_test_skips_;
+static char fattn_test_skip_why_[160];
+#define FATTN_TEST_SKIP(...)                                                             \
+  do {                                                                                   \
+    snprintf(fattn_test_skip_why_, sizeof fattn_test_skip_why_, __VA_ARGS__);            \
+    fattn_test_skips_++;                                                                 \
+    return;                                                                              \
+  } while (0)
+
 /* Runs the cases named in a variadic list. Prints Check's summary; a GPU suite on a machine
- * without a device prints "<suite>: N cases skipped (no CUDA device)" and exits 0. The
- * runner script tests/run.sh sums the lines of every binary. */
+ * without a device prints "<suite>: N cases skipped (no CUDA device)" and exits 0; cases
+ * that skipped themselves get such a line after the summary. The runner script tests/run.sh
+ * sums the lines of every binary. */
 static inline int fattn_test_main(const char *name, int kind, const TTest *const *cases,
                                   int ncases, int argc, char **argv) {
   const char *only = argc > 1 ? argv[1] : NULL; /* optional: run one case by name */
@@ -51,7 +63,8 @@ static inline int fattn_test_main(const char *name, int kind, const TTest *const
   int failed = srunner_ntests_failed(sr);
   int run = srunner_ntests_run(sr);
   srunner_free(sr);
-  printf("%s: %d passed, %d failed\n", name, run - failed, failed);
+  printf("%s: %d passed, %d failed\n", name, run - failed - fattn_test_skips_, failed);
+  if (fattn_test_skips_) printf("%s: %d cases skipped (%s)\n", name, fattn_test_skips_, fattn_test_skip_why_);
   return (failed == 0 && added > 0) ? 0 : 1;
 }
 
