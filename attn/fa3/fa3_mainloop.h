@@ -27,8 +27,10 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
   const uint32_t tid = threadIdx.x % 128u, warp = tid / 32u, lane = tid % 32u, g = lane / 4u, c4 = lane % 4u;
   const uint32_t num_tiles = a.k.s.hdr->num_tiles, causal = a.k.s.hdr->causal;
   const uint32_t work = a.k.s.hdr->num_entries ? num_tiles * l.num_q_heads : 0u;
+  c = (int)fa3__uniform((uint32_t)c); /* as the item and the block count: the issue is uniform */
   char *qs = sm->q[c];
-  uint32_t it = 0;
+  const uint32_t kv_lo = fa3__desc_lo(sm->kv[0], 0u), v_lo = fa3__desc_lo(sm->kv[0] + C::K_BYTES, C::KV_SLAB);
+  fa3__ring<ST> ring; /* the next tile's first block */
   if (c == 1) fa3__arrive_bar(FA3__BAR_TURN, 256); /* consumer 0 takes the first turn */
   /* Q rows of this warpgroup for tile t, zeros past the entry and past d, as one cp.async group.
    * With fp8 KV the MMAs run in fp16, so bf16 Q is narrowed as it loads (exact for |q| in
@@ -62,7 +64,8 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
    * used (its entry then comes from L1): kept in registers across that GEMM and the epilogue,
    * or passed through shared memory, it made the d 128 kernels spill. */
   auto take = [&](uint32_t k) -> fa3__item {
-    const fa3__item item = fa3__sched_take(sm, k);
+    fa3__item item = fa3__sched_take(sm, k);
+    item.w = fa3__uniform(item.w);
     if (item.w < work) {
       fa3__tile t;
       fa3__tile_of<BN>(a, item.w, item.ei, num_tiles, &t);
@@ -74,6 +77,7 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
   for (uint32_t k = 0; item.w < work; k++) { /* whole tiles: the producer skipped halves */
     fa3__tile t;
     fa3__tile_of<BN>(a, item.w, item.ei, num_tiles, &t);
+    t.nblk = fa3__uniform(t.nblk);
     fa2__wait<0>();
     fa3__fence_async();
     fa3__sync(FA3__BAR_Q + c, 128);
@@ -89,20 +93,20 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
 
     float sc[BN / 2];
     uint32_t p[BN / 16][4];
-    auto issue_s = [&](uint32_t blk) {
-      const char *kd = sm->kv[(it + blk) % ST];
-      uint64_t qd = fa3__desc(qs, 0u);
-      asm volatile("" : "+l"(qd)); /* else ptxas hoists the DK / 16 Q descriptors and spills them */
+    auto issue_s = [&](const fa3__ring<ST> &at) {
+      uint32_t q_lo = fa3__desc_lo(qs, 0u);
+      asm volatile("" : "+r"(q_lo)); /* else ptxas hoists the DK / 16 Q descriptors and spills them */
+      const uint32_t k_lo = kv_lo + at.stage * (uint32_t)(C::STAGE >> 4);
 #pragma unroll
       for (int ks = 0; ks < DK / 16; ks++)
-        fa3__mma_ss<BN, T>(sc, qd + (uint64_t)(((ks / 4) * 8192 + (ks % 4) * 32) >> 4),
-                           fa3__desc(kd + (ks / 4) * C::KV_SLAB + (ks % 4) * 32, 0u), ks > 0);
+        fa3__mma_ss<BN, T>(sc, fa3__desc_at(q_lo, (ks / 4) * 8192 + (ks % 4) * 32),
+                           fa3__desc_at(k_lo, (ks / 4) * C::KV_SLAB + (ks % 4) * 32), ks > 0);
       fa3__mma_commit();
     };
-    auto issue_pv = [&](uint32_t blk) {
-      const char *vd = sm->kv[(it + blk) % ST] + C::K_BYTES;
+    auto issue_pv = [&](const fa3__ring<ST> &at) {
+      const uint32_t lo = v_lo + at.stage * (uint32_t)(C::STAGE >> 4);
 #pragma unroll
-      for (int kk = 0; kk < BN / 16; kk++) fa3__mma_rs<DV, T>(o, p[kk], fa3__desc(vd + kk * 2048, C::KV_SLAB));
+      for (int kk = 0; kk < BN / 16; kk++) fa3__mma_rs<DV, T>(o, p[kk], fa3__desc_at(lo, kk * 2048));
       fa3__mma_commit();
     };
     /* Scores of block blk masked (softcapped ones taken to log2 units first), then the policy's
@@ -123,45 +127,48 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
         for (int r = 0; r < 4; r++) p[kk][r] = fa2__pack<T>(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
       }
     };
-    auto ready = [&](uint64_t *bars, uint32_t blk) {
-      fa3__wait(&bars[(it + blk) % ST], ((it + blk) / ST) & 1u);
+    auto ready = [&](uint64_t *bars, const fa3__ring<ST> &at) {
+      fa3__wait(&bars[at.stage], at.phase);
       fa3__fence_async();
     };
-    auto release = [&](uint64_t *bars, uint32_t blk) {
-      if (lane == 0) fa3__arrive(&bars[(it + blk) % ST]);
+    auto release = [&](uint64_t *bars, const fa3__ring<ST> &at) {
+      if (lane == 0) fa3__arrive(&bars[at.stage]);
     };
     const int my_turn = FA3__BAR_TURN + c, their_turn = FA3__BAR_TURN + (c ^ 1);
     if (t.nblk) {
       float alpha[2];
-      ready(sm->full_k, 0);
+      fa3__ring<ST> s_at = ring, v_at = ring; /* block blk's stage, and block blk - 1's */
+      ready(sm->full_k, s_at);
       fa3__sync(my_turn, 256);
       fa3__mma_fence();
-      issue_s(0);
+      issue_s(s_at);
       fa3__arrive_bar(their_turn, 256);
       fa3__pin<BN / 2>(sc);
       fa3__mma_wait<0>();
       fa3__pin<BN / 2>(sc);
-      release(sm->empty_k, 0);
+      release(sm->empty_k, s_at);
       soft(0, alpha);
       pack_p();
       for (uint32_t blk = 1; blk < t.nblk; blk++) {
-        ready(sm->full_k, blk);
-        ready(sm->full_v, blk - 1);
+        s_at.next();
+        ready(sm->full_k, s_at);
+        ready(sm->full_v, v_at);
         fa3__sync(my_turn, 256);
         fa3__pin<DV / 2>(o);
         fa3__mma_fence();
-        issue_s(blk);
-        issue_pv(blk - 1);
+        issue_s(s_at);
+        issue_pv(v_at);
         fa3__arrive_bar(their_turn, 256);
         fa3__pin<BN / 2>(sc);
         fa3__mma_wait<1>();
         fa3__pin<BN / 2>(sc);
-        release(sm->empty_k, blk);
+        release(sm->empty_k, s_at);
         soft(blk, alpha);
         fa3__pin<DV / 2>(o);
         fa3__mma_wait<0>();
         fa3__pin<DV / 2>(o);
-        release(sm->empty_v, blk - 1);
+        release(sm->empty_v, v_at);
+        v_at = s_at;
         if (!SM::LAZY || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
           for (int i = 0; i < DV / 8; i++) {
@@ -172,17 +179,18 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
         pack_p();
       }
       item = take(k + 1u); /* the Q slabs are free: this tile's last S GEMM has completed */
-      ready(sm->full_v, t.nblk - 1);
+      ready(sm->full_v, v_at);
       fa3__sync(my_turn, 256);
       fa3__pin<DV / 2>(o);
       fa3__mma_fence();
-      issue_pv(t.nblk - 1);
+      issue_pv(v_at);
       fa3__arrive_bar(their_turn, 256);
       fa3__pin<DV / 2>(o);
       fa3__mma_wait<0>();
       fa3__pin<DV / 2>(o);
-      release(sm->empty_v, t.nblk - 1);
-      it += t.nblk;
+      release(sm->empty_v, v_at);
+      ring = v_at;
+      ring.next();
     } else {
       item = take(k + 1u);
     }

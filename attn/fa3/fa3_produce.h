@@ -24,7 +24,7 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
   const uint32_t d = a.k.l.head_dim, dv = a.k.l.head_dim_v, nkv = a.k.l.num_kv_heads;
   const uint32_t psm = (1u << a.k.ps_shift) - 1u, num_tiles = a.k.s.hdr->num_tiles;
   const uint32_t work = a.k.s.hdr->num_entries ? num_tiles * a.k.l.num_q_heads : 0u;
-  uint32_t it = 0;
+  fa3__ring<ST> at; /* the next block's stage */
   for (uint32_t k = 0;; k++) {
     if (tid == 0u) fa3__sched_post(a, sm, k, work, num_tiles);
     fa3__sync(FA3__BAR_PRODUCER, 128);
@@ -34,8 +34,8 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
     fa3__tile_of<BN>(a, cur, sm->ring_entry[k & 1u], num_tiles, &t);
     const uint32_t kvh = t.hq / G;
     const int32_t *pt = a.k.l.page_table + (size_t)t.e.seq * a.k.l.pages_per_seq;
-    for (uint32_t blk = 0; blk < t.nblk; blk++, it++) {
-      const uint32_t s = it % ST, ph = (it / ST) & 1u, j0 = t.kb + blk * BN;
+    for (uint32_t blk = 0; blk < t.nblk; blk++, at.next()) {
+      const uint32_t s = at.stage, ph = at.phase, j0 = t.kb + blk * BN;
       char *kd = sm->kv[s], *vd = kd + C::K_BYTES;
       if (!F8 && a.use_tma && j0 + BN <= t.e.kv_len) {
         /* Lane i of warp 0 brings page i of the tile (boxes past d, at d 96, arrive as zeros);

@@ -68,13 +68,31 @@ template <int N> __device__ __forceinline__ void fa3__pin(float *d) {
   for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i]));
 }
 
-/* Shared-memory operand in the 128-byte swizzle (rows of 128 bytes, 8-row groups 1024 bytes
- * apart); lbo is the distance between 64-column slabs, read only for MN-major operands. */
-__device__ __forceinline__ uint64_t fa3__desc(const void *p, uint32_t lbo) {
-  uint64_t a = fa2__smem(p);
-  return ((a & 0x3FFFFull) >> 4) | ((uint64_t)((lbo >> 4) & 0x3FFFu) << 16) |
-         ((uint64_t)(1024u >> 4) << 32) | (1ull << 62);
+/* Shared-memory operand descriptors in the 128-byte swizzle (rows of 128 bytes, 8-row groups
+ * 1024 bytes apart), as two words. The high word is the same for every operand; the low one
+ * holds the address / 16 (14 bits: shared memory is under 256 KB, so adding an offset inside
+ * it never carries out) and the distance between 64-column slabs (read only for MN-major
+ * operands). A GEMM's descriptors are then its operand's low word plus constants, which ptxas
+ * keeps in uniform registers, not a mask and shift an instruction rebuilt in vector ones. */
+constexpr uint32_t FA3__DESC_HI = (1024u >> 4) | (1u << 30);
+__device__ __forceinline__ uint32_t fa3__desc_lo(const void *p, uint32_t lbo) {
+  return ((fa2__smem(p) & 0x3FFFFu) >> 4) | (((lbo >> 4) & 0x3FFFu) << 16);
 }
+__device__ __forceinline__ uint64_t fa3__desc_at(uint32_t lo, uint32_t byte_offset) {
+  return ((uint64_t)FA3__DESC_HI << 32) | (lo + (byte_offset >> 4));
+}
+
+/* x, which every lane of the warp holds, as lane 0's: ptxas then knows it is warp-uniform, and
+ * keeps what is computed from it (ring stages, GEMM descriptors) in uniform registers. */
+__device__ __forceinline__ uint32_t fa3__uniform(uint32_t x) { return __shfl_sync(0xffffffffu, x, 0); }
+
+/* A block's place in the K/V ring: its stage and the parity of that stage's round. */
+template <int ST> struct fa3__ring {
+  uint32_t stage = 0, phase = 0;
+  __device__ __forceinline__ void next() {
+    if (++stage == (uint32_t)ST) stage = 0, phase ^= 1u;
+  }
+};
 /* Byte offset of 16-byte chunk c of row r inside a swizzled slab. */
 __device__ __forceinline__ uint32_t fa3__swz(uint32_t r, uint32_t c) { return r * 128u + ((c ^ (r & 7u)) << 4); }
 
