@@ -134,6 +134,13 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
     auto release = [&](uint64_t *bars, const fa3__ring<ST> &at) {
       if (lane == 0) fa3__arrive(&bars[at.stage]);
     };
+    /* Frees a block's K once its softmax is done, on a condition that reads the row sums and
+     * always holds: ptxas keeps mbarrier arrives and wgmma waits in program order, but hoists a
+     * wait above arithmetic that does not feed it, and the P V wait that follows would rise
+     * above the softmax, which then no longer runs under that GEMM. */
+    auto release_k_after_softmax = [&](const fa3__ring<ST> &at) {
+      if (lane == 0 && !(sm_rows.l[0] + sm_rows.l[1] < 0.f)) fa3__arrive(&sm->empty_k[at.stage]);
+    };
     const int my_turn = FA3__BAR_TURN + c, their_turn = FA3__BAR_TURN + (c ^ 1);
     if (t.nblk) {
       float alpha[2];
@@ -162,8 +169,8 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
         fa3__pin<BN / 2>(sc);
         fa3__mma_wait<1>();
         fa3__pin<BN / 2>(sc);
-        release(sm->empty_k, s_at);
         soft(blk, alpha);
+        release_k_after_softmax(s_at);
         fa3__pin<DV / 2>(o);
         fa3__mma_wait<0>();
         fa3__pin<DV / 2>(o);
