@@ -127,9 +127,9 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
         for (int r = 0; r < 4; r++) p[kk][r] = fa2__pack<T>(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
       }
     };
-    auto ready = [&](uint64_t *bars, const fa3__ring<ST> &at) {
+    auto ready = [&](uint64_t *bars, const fa3__ring<ST> &at, uint32_t blk) {
       fa3__wait(&bars[at.stage], at.phase);
-      fa3__fence_async();
+      if (!F8 && !fa3__by_tma<BN, F8>(a, t, t.kb + blk * BN)) fa3__fence_async();
     };
     auto release = [&](uint64_t *bars, const fa3__ring<ST> &at) {
       if (lane == 0) fa3__arrive(&bars[at.stage]);
@@ -145,7 +145,7 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
     if (t.nblk) {
       float alpha[2];
       fa3__ring<ST> s_at = ring, v_at = ring; /* block blk's stage, and block blk - 1's */
-      ready(sm->full_k, s_at);
+      ready(sm->full_k, s_at, 0u);
       fa3__sync(my_turn, 256);
       fa3__mma_fence();
       issue_s(s_at);
@@ -158,8 +158,8 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
       pack_p();
       for (uint32_t blk = 1; blk < t.nblk; blk++) {
         s_at.next();
-        ready(sm->full_k, s_at);
-        ready(sm->full_v, v_at);
+        ready(sm->full_k, s_at, blk);
+        ready(sm->full_v, v_at, blk - 1u);
         fa3__sync(my_turn, 256);
         fa3__pin<DV / 2>(o);
         fa3__mma_fence();
@@ -186,7 +186,7 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
         pack_p();
       }
       item = take(k + 1u); /* the Q slabs are free: this tile's last S GEMM has completed */
-      ready(sm->full_v, v_at);
+      ready(sm->full_v, v_at, t.nblk - 1u);
       fa3__sync(my_turn, 256);
       fa3__pin<DV / 2>(o);
       fa3__mma_fence();

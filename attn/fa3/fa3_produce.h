@@ -37,7 +37,7 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
     for (uint32_t blk = 0; blk < t.nblk; blk++, at.next()) {
       const uint32_t s = at.stage, ph = at.phase, j0 = t.kb + blk * BN;
       char *kd = sm->kv[s], *vd = kd + C::K_BYTES;
-      if (!F8 && a.use_tma && j0 + BN <= t.e.kv_len) {
+      if (fa3__by_tma<BN, F8>(a, t, j0)) {
         /* Lane i of warp 0 brings page i of the tile (boxes past d, at d 96, arrive as zeros);
          * the bytes are expected before any box can land. K goes as soon as the S GEMMs of
          * the stage's last block are done, V once its P V GEMMs are. */

@@ -24,6 +24,15 @@ typedef struct fa3__tile {
   bool tree;
 } fa3__tile;
 
+/* Whether the producer brings block j0 of tile t by TMA: the async proxy, whose writes wgmma
+ * reads once the stage's barrier completes. Blocks it gathers with cp.async are generic-proxy
+ * writes, which their readers order before wgmma with a proxy fence; fp8 blocks, widened by
+ * the producer, are fenced by it. */
+template <int BN, bool F8>
+__device__ __forceinline__ bool fa3__by_tma(const fa3__args &a, const fa3__tile &t, uint32_t j0) {
+  return !F8 && a.use_tma && j0 + BN <= t.e.kv_len;
+}
+
 /* A claimed work item (work when none is left) and the entry it falls in. */
 typedef struct fa3__item {
   uint32_t w, ei;
