@@ -8,7 +8,8 @@
 # checkout's Makefile, tests/ and bench/ under src/ (the scripts the bundle's binaries go
 # with). WHEELS: a folder of peer wheels (../shared/PEERS.md: fa3-fwd, optionally
 # flash-attn-4); they are installed into /tmp/site. Each step is capped to what is left of B
-# seconds; logs, CSVs and ncu reports are packed into $OUT/prefill_flow.tar.xz.
+# seconds; logs, CSVs, ncu reports and their SASS-level samples are packed into
+# $OUT/prefill_flow.tar.xz.
 # Steps: make gpu-test (NEW), fattn-bench prefill of BASE and NEW twice, alternated,
 # peers.py prefill and serve, ncu of fattn's and FA3's kernels on d 128 x 8k non-causal.
 set -u
@@ -40,11 +41,13 @@ for r in 1 2; do
 done
 cp "$o/new2.csv" /tmp/pf_new/build/prefill_fa3.csv 2>/dev/null
 run peers 240 "cd /tmp/pf_new && python3 bench/peers/peers.py prefill && python3 bench/peers/peers.py serve"
-NCU="ncu --clock-control none --launch-skip 3 --launch-count 1 --set full -f"
+NCU="ncu --clock-control none --launch-skip 3 --launch-count 1 --set full --import-source yes -f"
 run ncu_new 60 "cd /tmp/pf_new && $NCU -k regex:fa3__attn -o $o/new build/fattn-bench prefill --backend fa3 --only 128,8192"
 run ncu_fa3 60 "cd /tmp/pf_new && $NCU -k regex:device_kernel -o $o/fa3 python3 bench/peers/peers.py one FA3 128 8192 0"
 for r in new fa3; do
-  [ -f "$o/$r.ncu-rep" ] && ncu --import "$o/$r.ncu-rep" --page details --csv > "$o/${r}_details.csv" 2>&1
+  [ -f "$o/$r.ncu-rep" ] || continue
+  ncu --import "$o/$r.ncu-rep" --page details --csv > "$o/${r}_details.csv" 2>&1
+  ncu --import "$o/$r.ncu-rep" --page source --csv --print-source sass > "$o/${r}_sass.csv" 2>&1 # samples a SASS line
 done
 tar cJf "${OUT:-.}/prefill_flow.tar.xz" -C /tmp prefill_flow
 echo "==== gpu-test"
