@@ -1,5 +1,5 @@
-# fattn: one entry point. make [all|run|test|gpu-test|gpu-sanitize|asan|tsan|fuzz|bench|install|
-# uninstall|clean]
+# fattn: one entry point. make [all|shared|python-test|run|test|gpu-test|gpu-sanitize|asan|tsan|fuzz|
+# bench|install|uninstall|clean]
 # Host code is C11 with -Werror; CUDA code is built for CUDA_ARCHS (sm_90a only for attn/fa3).
 
 CUDA        ?= /usr/local/cuda
@@ -27,11 +27,16 @@ HOPPER_ARCHS := $(filter 90a,$(CUDA_ARCHS))
 # include/ holds the public header alone; lib/ the internal ones (`#include "fattn.h"` finds the first).
 INCLUDES  := -I. -Iinclude -Ilib $(JEMALLOC_CFLAGS) -I$(CUDA)/include
 CWARN     := -Wall -Wextra -Werror
+# Every object is position-independent, so that one object set makes both libfattn.a and
+# libfattn.so. -fno-semantic-interposition keeps the inlining of -fPIE: the .so exports only
+# the public fattn_* symbols, so nothing inside it can be interposed. fattn-bench plan (CPU
+# backend) times fattn_plan the same with and without (docs/python.md).
+PIC       := -fPIC -fno-semantic-interposition
 CFLAGS    ?= -O2 -g
-ALL_CFLAGS = -std=c11 -D_GNU_SOURCE $(CWARN) $(CFLAGS) $(INCLUDES) -MMD -MP
+ALL_CFLAGS = -std=c11 -D_GNU_SOURCE $(CWARN) $(PIC) $(CFLAGS) $(INCLUDES) -MMD -MP
 NVCCFLAGS ?= -O3 -g -lineinfo
 ALL_NVCCFLAGS = -std=c++17 $(NVCCFLAGS) $(INCLUDES) -Xcompiler -Wall,-Wextra,-Werror \
-                --expt-relaxed-constexpr -Werror all-warnings -MMD -MP
+                -Xcompiler -fPIC --expt-relaxed-constexpr -Werror all-warnings -MMD -MP
 
 LIB_C   := $(sort $(wildcard lib/*.c arena/*.c attn/*.c attn/*/*.c graph/*.c))
 LIB_CU  := $(sort $(wildcard arena/*.cu attn/*.cu attn/ref/*.cu attn/fa2/*.cu graph/*.cu))
@@ -66,7 +71,7 @@ CUDA_LIBS   := -L$(CUDA)/lib64 $(CUDA)/lib64/libcudart_static.a -lcurand
 SYS_LIBS    := -lstdc++ -lm -lpthread -ldl -lrt
 LINK_TEST = @echo '  LD    $@'; $(CC) $(CFLAGS) -o $@ $^ $(WRAP_FLAGS) $(STATIC_DEPS) $(CUDA_LIBS) $(SYS_LIBS)
 
-.PHONY: all deps run test cpu-test gpu-bundle gpu-test gpu-sanitize asan tsan fuzz fuzz-replay bench install \
+.PHONY: all deps shared python-test run test cpu-test gpu-bundle gpu-test gpu-sanitize asan tsan fuzz fuzz-replay bench install \
         uninstall clean
 .DEFAULT_GOAL := all
 .SECONDARY:
@@ -111,6 +116,31 @@ $(BUILD)/libktrace.so: tools/ktrace/ktrace.c
 	@mkdir -p $(dir $@)
 	@echo '  CC    $< (CUPTI injection library)'
 	@$(CC) -std=c11 $(CWARN) -O2 -shared -fPIC -I$(CUDA)/include -o $@ $< -L$(CUDA)/lib64 -lcupti -Wl,-rpath,$(CUDA)/lib64
+
+# ---- Shared library, for dlopen (the Python package, python/): the objects of libfattn.a, with
+# the public fattn_* symbols exported alone (lib/exports.map), so that its cudart and the
+# internal fattn__ symbols never meet the host process's. jemalloc is linked dynamically, as
+# for ASan: the static archive would bind the library's malloc and free (cudart_static's among
+# them) to a private jemalloc, which would then free what glibc's strdup and realpath allocate
+# for cudart. Dynamically, malloc and free stay the process's own and libjemalloc.so.2 serves
+# only the arena API (mallocx, mallctl) that arena/heap.c calls. Debian's jemalloc keeps its
+# thread state in initial-exec TLS, which a dlopen can place only with a larger static TLS
+# surplus: docs/python.md gives the GLIBC_TUNABLES setting.
+$(BUILD)/libfattn.so: $(LIB_OBJS) lib/exports.map
+	@echo '  LD    $@'
+	@$(CC) -shared -o $@ $(LIB_OBJS) -Wl,--version-script=lib/exports.map -Wl,-z,defs \
+	  -Wl,--as-needed $(JEMALLOC_LIBS) -ljemalloc $(CUDA_LIBS) $(SYS_LIBS)
+
+shared: deps $(BUILD)/libfattn.so
+
+# The Python package's tests on the CPU backend; without torch the tensor tests skip. The
+# tunable gives the dlopen of Debian's libjemalloc.so.2 its static TLS (see above).
+PYTHON ?= python3
+python-test: shared
+	@$(PYTHON) -c 'import torch' 2>/dev/null || \
+	  echo 'python-test: torch is not installed, the tensor tests skip (pip install torch)'
+	@cd python && FATTN_LIB=$(abspath $(BUILD)/libfattn.so) \
+	  GLIBC_TUNABLES=glibc.rtld.optional_static_tls=16384 $(PYTHON) -m unittest tests.test_binding
 
 # Every suite; GPU suites skip themselves (one line each, counted) without a device.
 test: all
