@@ -67,9 +67,10 @@ def _build(config, model):
             config[key] = _enum(kind, f"config {key}", config[key])
     keep = []
     if config.get("graph_buckets") is not None:
+        config["num_graph_buckets"] = len(config["graph_buckets"])
         buckets = _u32_array("config graph_buckets", config["graph_buckets"])
         keep.append(buckets)
-        config["graph_buckets"], config["num_graph_buckets"] = buckets, len(config["graph_buckets"])
+        config["graph_buckets"] = buckets
     model = dict(model)
     if model.get("layers") is not None:
         layers = (_lib.LayerOpts * len(model["layers"]))(
