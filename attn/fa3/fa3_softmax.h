@@ -14,25 +14,13 @@
  * exactly 1, so that a warp should vote to skip the rescale of O. */
 
 /* mx: each of the two rows' max, raised to its scores'. The max is taken on raw scores, since
- * mul > 0 keeps their order, as a tree: a chain through the row's BN / 8 pairs would put their
- * latencies end to end on the consumer's critical path. */
+ * mul > 0 keeps their order. */
 template <int BN> __device__ __forceinline__ void fa3__rows_max(const float *s, float *mx) {
-  float t[2][BN / 8];
 #pragma unroll
   for (int i = 0; i < BN / 8; i++) {
-    t[0][i] = fmaxf(s[4 * i], s[4 * i + 1]);
-    t[1][i] = fmaxf(s[4 * i + 2], s[4 * i + 3]);
+    mx[0] = fmaxf(mx[0], fmaxf(s[4 * i], s[4 * i + 1]));
+    mx[1] = fmaxf(mx[1], fmaxf(s[4 * i + 2], s[4 * i + 3]));
   }
-#pragma unroll
-  for (int w = BN / 16; w >= 1; w /= 2) {
-#pragma unroll
-    for (int i = 0; i < w; i++) {
-      t[0][i] = fmaxf(t[0][i], t[0][i + w]);
-      t[1][i] = fmaxf(t[1][i], t[1][i + w]);
-    }
-  }
-  mx[0] = fmaxf(mx[0], t[0][0]);
-  mx[1] = fmaxf(mx[1], t[1][0]);
 }
 /* Raw scores to weights exp2(s mul - base) in place (one FFMA a score: the scale rides on the
  * exp's subtraction), each row's added to its l. */

@@ -19,8 +19,8 @@
  *            where O is 128 registers a thread) */
 #define FA3__TABLE(X)                         \
   /* DK   DV   BN  ST ST8  P    C   softmax */ \
-  X(64, 64, 128, 4, 4, 40, 232, lazy)          \
-  X(128, 128, 128, 3, 2, 40, 232, lazy)        \
+  X(64, 64, 128, 4, 4, 40, 232, exact)         \
+  X(128, 128, 128, 3, 2, 40, 232, exact)       \
   X(192, 128, 64, 4, 3, 56, 224, lazy)         \
   X(192, 192, 64, 3, 3, 56, 224, lazy)         \
   X(256, 256, 64, 2, 2, 40, 232, lazy)
