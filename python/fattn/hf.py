@@ -1,0 +1,225 @@
+# hf.py: a Hugging Face transformers attention backend over fattn: every attention layer of a
+# model stores its K/V in fattn's pages and attends there, one fattn sequence per batch row.
+import math
+
+import torch
+from transformers import AttentionInterface
+from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+
+from .context import Context
+
+NAME = "fattn"
+
+
+def use(model, device="cpu", page_size=16, max_batch=8, max_seq_len=2048, dtype="bf16"):
+    """Routes model's attention through a new fattn context; returns its Backend. Pass
+    backend.cache() as the cache (past_key_values in older transformers) of model.generate or
+    of the model's forward. Call it after the weights are loaded: the sinks (gpt-oss) are
+    copied into the context here."""
+    return Backend(model, device, page_size, max_batch, max_seq_len, dtype)
+
+
+def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """The AttentionInterface entry: the module's backend attends (use() set it)."""
+    return module.fattn_backend.attend(module, query, key, value, attention_mask, scaling,
+                                       dropout, kwargs)
+
+
+AttentionInterface.register(NAME, _attention)
+# Masks are fattn's own (causal, window, chunk); of transformers' it takes the 2-D padding mask
+# alone, as flash attention does: None where no row is padded.
+AttentionMaskInterface.register(NAME, flash_attention_mask)
+
+
+def _layer_options(config, layer):
+    """(fattn layer options, the sliding_window transformers passes for it) of one layer."""
+    types = getattr(config, "layer_types", None)
+    kind = types[layer] if types else None
+    window = config.sliding_window if getattr(config, "sliding_window", None) else None
+    if kind is not None and kind != "sliding_attention":
+        window = None
+    opts = {}
+    if window is not None:
+        # transformers' mask keeps j > i - w, i.e. j in [i - w + 1, i]; fattn's window w' keeps
+        # j in [i - w', i]: the same keys at w' = w - 1.
+        opts["sliding_window"] = window - 1
+    if kind == "chunked_attention":
+        opts["chunk_size"] = config.attention_chunk_size
+    return opts, window
+
+
+class Backend:
+    """One fattn context serving one model's attention layers. One generation at a time: a new
+    cache() closes the sequences of the one before."""
+
+    def __init__(self, model, device, page_size, max_batch, max_seq_len, dtype):
+        config = model.config.get_text_config()
+        self.attn = sorted((m for m in model.modules()
+                            if hasattr(m, "layer_idx") and hasattr(m, "scaling")),
+                           key=lambda m: m.layer_idx)
+        if not self.attn:
+            raise ValueError("model: no attention modules with layer_idx and scaling found")
+        scales = {m.scaling for m in self.attn}
+        if len(scales) != 1:
+            raise ValueError(f"model: the layers' scaling differ ({sorted(scales)}); fattn "
+                             "takes one softmax scale per model")
+        layers = [_layer_options(config, m.layer_idx) for m in self.attn]
+        self.windows = [window for _, window in layers]
+        self.softcap = getattr(config, "attn_logit_softcapping", None)
+        model_desc = {"num_layers": len(self.attn), "num_q_heads": config.num_attention_heads,
+                      "num_kv_heads": getattr(config, "num_key_value_heads", None)
+                      or config.num_attention_heads,
+                      "head_dim": self.attn[0].head_dim, "softmax_scale": scales.pop(),
+                      "logit_softcap": self.softcap or 0.0,
+                      "layers": [opts for opts, _ in layers]}
+        self.sinks = None
+        if hasattr(self.attn[0], "sinks"):
+            self.sinks = torch.stack([m.sinks.detach().float().cpu() for m in self.attn])
+            model_desc["sinks"] = self.sinks.flatten().tolist()
+        pages = max_batch * math.ceil(max_seq_len / page_size)
+        self.device = torch.device(device if isinstance(device, str) else f"cuda:{device}")
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.ctx = Context(device="cpu" if self.device.type == "cpu" else self.device.index, q_dtype=dtype, kv_dtype=dtype, page_size=page_size,
+                           kv_budget_pages=pages, max_batch=max_batch, max_seq_len=max_seq_len,
+                           max_q_tokens=max_batch * max_seq_len, model=model_desc)
+        self.torch_dtype = {"BF16": torch.bfloat16, "FP16": torch.float16}[self.ctx.dtype.name]
+        self.model, self.previous = model, model.config._attn_implementation
+        for m in self.attn:
+            m.fattn_backend = self
+        model.set_attn_implementation(NAME)
+        self._cache = None    # the PagedCache handed out last
+        self._stepping = None  # the cache whose update ran just before the next attention
+
+    def cache(self):
+        """A new PagedCache for one generation."""
+        if self._cache is not None:
+            self._cache.close()
+        self._cache = PagedCache(self, len(self.attn))
+        return self._cache
+
+    def close(self):
+        """Closes the context and gives the model its previous attention back."""
+        for m in self.attn:
+            del m.fattn_backend
+        self.model.set_attn_implementation(self.previous)
+        self.ctx.close(force=True)
+
+    def attend(self, module, query, key, value, attention_mask, scaling, dropout, kwargs):
+        """query [B, Hq, T, D], key and value [B, Hkv, T, D] of this step's tokens alone (the
+        PagedCache keeps none); returns ([B, T, Hq, D], None), zeros at padded positions."""
+        layer, cache = module.layer_idx, self._stepping
+        self._stepping = None
+        if cache is None:
+            raise ValueError("cache: fattn attends over its own pages; pass backend.cache() "
+                             "to generate or forward")
+        self._check(layer, scaling, dropout, kwargs)
+        batch, _, tokens, _ = query.shape
+        if attention_mask is None:
+            real = torch.ones(batch, tokens, dtype=torch.bool, device=query.device)
+        elif attention_mask.dim() == 2:
+            real = attention_mask[:, -tokens:].bool()  # the step's columns: pads are False
+        else:
+            raise ValueError(f"attention_mask: {attention_mask.dim()}-D; fattn takes the 2-D "
+                             "padding mask [batch, tokens] (masks are fattn's own)")
+        if layer == 0:
+            cache.plan(real)
+        # Token-major rows, row after row: the order of the planned batch's entries.
+        q, k, v = (t.transpose(1, 2)[real].to(self.device, self.torch_dtype).contiguous()
+                   for t in (query, key, value))
+        out = torch.empty_like(q)
+        self.ctx.store_kv(layer, k, v)
+        self.ctx.attend(layer, q, out)
+        result = query.new_zeros(batch, tokens, *out.shape[1:])
+        result[real] = out.to(query.device, query.dtype)
+        return result, None
+
+    def _check(self, layer, scaling, dropout, kwargs):
+        """The call's options must be those the context was created with."""
+        if dropout:
+            raise ValueError(f"dropout: {dropout}; fattn attends for inference only")
+        if scaling is not None and not math.isclose(scaling, self.attn[layer].scaling,
+                                                    rel_tol=1e-6):
+            raise ValueError(f"scaling: layer {layer} asks {scaling}, the context has "
+                             f"{self.attn[layer].scaling}")
+        if kwargs.get("sliding_window") != self.windows[layer]:
+            raise ValueError(f"sliding_window: layer {layer} asks {kwargs.get('sliding_window')}, "
+                             f"the context has {self.windows[layer]}")
+        if kwargs.get("softcap") not in (None, self.softcap):
+            raise ValueError(f"softcap: layer {layer} asks {kwargs['softcap']}, the context has "
+                             f"{self.softcap}")
+        sinks = kwargs.get("s_aux")
+        if (sinks is None) != (self.sinks is None) or (
+                sinks is not None and not torch.equal(sinks.detach().float().cpu(),
+                                                      self.sinks[layer])):
+            raise ValueError(f"s_aux: layer {layer}'s sinks are not those the context was "
+                             "created with (call use() after loading the weights)")
+
+
+class _Slots(CacheLayerMixin):
+    """One layer's view for transformers: the count of token columns seen; no K/V."""
+
+    is_sliding = False
+
+    def __init__(self):
+        super().__init__()
+        self.length = 0
+
+    def lazy_initialization(self, key_states, value_states):
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        self.is_initialized = True
+        self.length += key_states.shape[-2]
+        return key_states, value_states
+
+    def get_mask_sizes(self, query_length):
+        return self.length + query_length, 0
+
+    def get_seq_length(self):
+        return self.length
+
+    def get_max_length(self):
+        return -1
+
+
+class PagedCache(Cache):
+    """The cache of a model served by a Backend: batch row b is fattn sequence seqs[b],
+    opened at the first step; its K/V live in the context's pages."""
+
+    def __init__(self, backend, num_layers):
+        super().__init__(layers=[_Slots() for _ in range(num_layers)])
+        self.backend = backend
+        self.seqs, self.lengths = None, None
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        # The attention call that follows in the same module reads the step's sequences here.
+        self.backend._stepping = self
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+    def plan(self, real):
+        """Plans the step whose tokens are real's True entries [batch, tokens]: row b appends
+        its count to sequence seqs[b]; rows with none stay out of the step."""
+        ctx = self.backend.ctx
+        if self.seqs is None:
+            self.seqs = [ctx.open_seq() for _ in range(real.shape[0])]
+            self.lengths = [0] * real.shape[0]
+        elif len(self.seqs) != real.shape[0]:
+            raise ValueError(f"input_ids: batch {real.shape[0]}, the cache holds "
+                             f"{len(self.seqs)} sequences")
+        counts = real.sum(dim=1).tolist()
+        seqs, q_lens = [], []
+        for b, n in enumerate(counts):
+            if n:
+                self.lengths[b] += n
+                ctx.reserve(self.seqs[b], self.lengths[b])
+                seqs.append(self.seqs[b])
+                q_lens.append(n)
+        ctx.plan("decode" if real.shape[1] == 1 else "prefill", seqs, q_lens)
+
+    def close(self):
+        """Releases the sequences' pages."""
+        for seq in self.seqs or []:
+            self.backend.ctx.close_seq(seq)
+        self.seqs = None

@@ -1,0 +1,138 @@
+# test_hf.py: fattn.hf against transformers on the CPU backend: small random models prefill a
+# left-padded batch and decode teacher-forced steps; fattn errs no more than transformers, in bf16.
+import copy
+import unittest
+
+try:
+    import torch
+    import transformers
+except ImportError:
+    torch = transformers = None
+
+if transformers is not None:
+    import fattn.hf
+
+STEPS = 16
+PROMPTS = (21, 6, 13)  # the first is longer than WINDOW, and all rows pass it while decoding
+WINDOW = 8
+COMMON = dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+              max_position_embeddings=256, pad_token_id=0, bos_token_id=None, eos_token_id=None,
+              # Weights wider than the default 0.02 make attention peaked: a key seen or missed
+              # through a window or chunk moves the logits well past bf16 rounding.
+              initializer_range=0.2)
+FLOOR = 1e-3  # the error bound where transformers' bf16 error is about zero
+
+
+def configs():
+    """name -> (config, the bf16 transformers attention to compare with) of each model the
+    installed transformers knows; sdpa, or eager where the model refuses sdpa (softcap, sinks)."""
+    found = {"llama (GQA)": ("LlamaConfig", "sdpa", {}),
+             "mistral (window 8)": ("MistralConfig", "sdpa", {"sliding_window": WINDOW}),
+             "gemma2 (softcap, alternating window)": (
+                 "Gemma2Config", "eager", {"sliding_window": WINDOW, "attn_logit_softcapping": 2.0,
+                                           "query_pre_attn_scalar": 48,
+                                           "final_logit_softcapping": None}),
+             "gpt-oss (sinks, alternating window)": (
+                 "GptOssConfig", "eager", {"sliding_window": WINDOW, "num_local_experts": 4,
+                                           "num_experts_per_tok": 2})}
+    return {name: (getattr(transformers, cls)(**COMMON, **extra), baseline)
+            for name, (cls, baseline, extra) in found.items() if hasattr(transformers, cls)}
+
+
+def run(model, ids, mask, cache, tokens=None):
+    """Logits [batch, prompt + STEPS, vocab] float32 of a prefill and STEPS decode steps, each
+    fed tokens[:, step] (None: the argmax of the step before), and the tokens fed."""
+    positions = (mask.cumsum(1) - 1).clamp(min=0)  # left padding: real tokens count from 0
+    logits, fed = [], []
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                    cache=cache, use_cache=True)
+        for step in range(STEPS + 1):
+            logits.append(out.logits.float())
+            if step == STEPS:
+                break
+            nxt = logits[-1][:, -1:].argmax(-1) if tokens is None else tokens[:, step:step + 1]
+            fed.append(nxt)
+            mask = torch.cat([mask, torch.ones_like(nxt)], dim=1)
+            positions = positions[:, -1:] + 1
+            out = model(input_ids=nxt, attention_mask=mask, position_ids=positions,
+                        cache=out.cache, use_cache=True)
+    return torch.cat(logits, dim=1), torch.cat(fed, dim=1)
+
+
+def errors(logits, ref, real):
+    """(max, mean) |logits - ref| over the real positions."""
+    err = (logits - ref).abs().amax(-1)[real]
+    return err.max().item(), err.mean().item()
+
+
+@unittest.skipIf(transformers is None, "torch or transformers is not installed: the Hugging "
+                 "Face backend tests skip")
+class HuggingFace(unittest.TestCase):
+    rows = []
+
+    @classmethod
+    def tearDownClass(cls):
+        print("\nlogit error against float32 eager (CPU backend; prefill | decode, max / mean)")
+        print(f"{'model [transformers bf16 attention]':46} {'transformers bf16':>31} "
+              f"{'fattn bf16':>31}")
+        for name, other, ours in cls.rows:
+            cells = [f"{p[0]:.4f}/{p[1]:.4f} | {d[0]:.4f}/{d[1]:.4f}" for p, d in (other, ours)]
+            print(f"{name:46} {cells[0]:>31} {cells[1]:>31}")
+
+    def test_models(self):
+        for name, (config, baseline) in configs().items():
+            with self.subTest(model=name):
+                self.check(name, config, baseline)
+
+    def check(self, name, config, baseline):
+        torch.manual_seed(0)
+        ref = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+        ref = ref.float().eval()
+        other = copy.deepcopy(ref).to(torch.bfloat16)
+        other.set_attn_implementation(baseline)
+        ours = copy.deepcopy(ref).to(torch.bfloat16)
+        backend = fattn.hf.use(ours, device="cpu", page_size=4, max_batch=4, max_seq_len=64)
+        try:
+            longest = max(PROMPTS)
+            ids = torch.zeros(len(PROMPTS), longest, dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            g = torch.Generator().manual_seed(1)
+            for row, n in enumerate(PROMPTS):
+                ids[row, longest - n:] = torch.randint(1, config.vocab_size, (n,), generator=g)
+                mask[row, longest - n:] = 1
+            want, tokens = run(ref, ids, mask, transformers.DynamicCache(config=config))
+            got_other, _ = run(other, ids, mask, transformers.DynamicCache(config=config), tokens)
+            got, _ = run(ours, ids, mask, backend.cache(), tokens)
+            real = torch.cat([mask, torch.ones_like(tokens)], dim=1).bool()
+            prefill = real.clone()
+            prefill[:, longest:] = False
+            decode = real & ~prefill
+            err_other = [errors(got_other, want, part) for part in (prefill, decode)]
+            err = [errors(got, want, part) for part in (prefill, decode)]
+            self.rows.append((f"{name} [{baseline}]", err_other, err))
+            bound = max(1.25 * max(e[0] for e in err_other), FLOOR)
+            self.assertLessEqual(max(e[0] for e in err), bound)
+            # The argmax must agree wherever the reference's top-2 margin clears the bf16 noise.
+            top2 = want.topk(2, dim=-1).values
+            sure = real & (top2[..., 0] - top2[..., 1] > 2 * max(e[0] for e in err_other))
+            self.assertTrue(sure[:, longest:].any(), "no decode position is decided")
+            self.assertTrue(torch.equal(got.argmax(-1)[sure], want.argmax(-1)[sure]))
+            # generate runs the same steps: its tokens are the reference's up to the first step
+            # the reference does not decide.
+            out = ours.generate(input_ids=ids, attention_mask=mask,
+                                cache=backend.cache(), max_new_tokens=STEPS,
+                                do_sample=False)
+            for row in range(len(PROMPTS)):
+                undecided = (~sure[row, longest - 1:-1]).nonzero()
+                upto = undecided[0].item() if len(undecided) else STEPS
+                self.assertTrue(torch.equal(out[row, longest:longest + upto],
+                                            tokens[row, :upto]), f"row {row}")
+            backend.ctx.check()
+        finally:
+            backend.close()
+
+
+if __name__ == "__main__":
+    unittest.main()
