@@ -34,7 +34,7 @@ def configs():
                                            "query_pre_attn_scalar": 48,
                                            "final_logit_softcapping": None}),
              "gpt-oss (sinks, alternating window)": (
-                 "GptOssConfig", "eager", {"sliding_window": WINDOW, "num_local_experts": 4,
+                 "GptOssConfig", "eager", {"sliding_window": WINDOW, "num_local_experts": 2,
                                            "num_experts_per_tok": 2})}
     return {name: (getattr(transformers, cls)(**COMMON, **extra), baseline)
             for name, (cls, baseline, extra) in found.items() if hasattr(transformers, cls)}
