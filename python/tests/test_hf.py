@@ -35,7 +35,13 @@ def configs():
                                            "final_logit_softcapping": None}),
              "gpt-oss (sinks, alternating window)": (
                  "GptOssConfig", "eager", {"sliding_window": WINDOW, "num_local_experts": 2,
-                                           "num_experts_per_tok": 2})}
+                                           "num_experts_per_tok": 2}),
+             "llama4 (chunked attention 8)": (
+                 "Llama4TextConfig", "sdpa", {"attention_chunk_size": WINDOW,
+                                              "intermediate_size_mlp": 256,
+                                              "num_local_experts": 1, "num_experts_per_tok": 1,
+                                              "layer_types": ["chunked_attention",
+                                                              "full_attention"]})}
     return {name: (getattr(transformers, cls)(**COMMON, **extra), baseline)
             for name, (cls, baseline, extra) in found.items() if hasattr(transformers, cls)}
 
