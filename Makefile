@@ -133,14 +133,17 @@ $(BUILD)/libfattn.so: $(LIB_OBJS) lib/exports.map
 
 shared: deps $(BUILD)/libfattn.so
 
-# The Python package's tests on the CPU backend; without torch the tensor tests skip. The
-# tunable gives the dlopen of Debian's libjemalloc.so.2 its static TLS (see above).
+# The Python package's tests on the CPU backend; without torch the tensor tests skip, without
+# transformers the Hugging Face backend's. The tunable gives the dlopen of Debian's
+# libjemalloc.so.2 its static TLS (see above).
 PYTHON ?= python3
 python-test: shared
 	@$(PYTHON) -c 'import torch' 2>/dev/null || \
 	  echo 'python-test: torch is not installed, the tensor tests skip (pip install torch)'
+	@$(PYTHON) -c 'import torch, transformers' 2>/dev/null || \
+	  echo 'python-test: torch or transformers is not installed, the Hugging Face tests skip (pip install transformers)'
 	@cd python && FATTN_LIB=$(abspath $(BUILD)/libfattn.so) \
-	  GLIBC_TUNABLES=glibc.rtld.optional_static_tls=16384 $(PYTHON) -m unittest tests.test_binding
+	  GLIBC_TUNABLES=glibc.rtld.optional_static_tls=16384 $(PYTHON) -m unittest tests.test_binding tests.test_hf
 
 # Every suite; GPU suites skip themselves (one line each, counted) without a device.
 test: all
