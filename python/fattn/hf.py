@@ -58,30 +58,35 @@ class Backend:
         self.attn = sorted((m for m in model.modules()
                             if hasattr(m, "layer_idx") and hasattr(m, "scaling")),
                            key=lambda m: m.layer_idx)
-        if not self.attn:
-            raise ValueError("model: no attention modules with layer_idx and scaling found")
+        if [m.layer_idx for m in self.attn] != list(range(len(self.attn))):
+            # fattn's layer i is the model's layer_idx i, and layer 0 plans each step.
+            raise ValueError("model: attention modules with layer_idx 0, 1, .. (and scaling) "
+                             f"expected, found {[m.layer_idx for m in self.attn]}")
         scales = {m.scaling for m in self.attn}
         if len(scales) != 1:
             raise ValueError(f"model: the layers' scaling differ ({sorted(scales)}); fattn "
                              "takes one softmax scale per model")
+        self.scale = scales.pop()
         layers = [_layer_options(config, m.layer_idx) for m in self.attn]
         self.windows = [window for _, window in layers]
         self.softcap = getattr(config, "attn_logit_softcapping", None)
         model_desc = {"num_layers": len(self.attn), "num_q_heads": config.num_attention_heads,
                       "num_kv_heads": getattr(config, "num_key_value_heads", None)
                       or config.num_attention_heads,
-                      "head_dim": self.attn[0].head_dim, "softmax_scale": scales.pop(),
+                      "head_dim": self.attn[0].head_dim, "softmax_scale": self.scale,
                       "logit_softcap": self.softcap or 0.0,
                       "layers": [opts for opts, _ in layers]}
         self.sinks = None
         if hasattr(self.attn[0], "sinks"):
             self.sinks = torch.stack([m.sinks.detach().float().cpu() for m in self.attn])
             model_desc["sinks"] = self.sinks.flatten().tolist()
-        pages = max_batch * math.ceil(max_seq_len / page_size)
-        self.device = torch.device(device if isinstance(device, str) else f"cuda:{device}")
+        self.device = (torch.device("cuda", device) if isinstance(device, int)
+                       else torch.device(device))
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
-        self.ctx = Context(device="cpu" if self.device.type == "cpu" else self.device.index, q_dtype=dtype, kv_dtype=dtype, page_size=page_size,
+        pages = max_batch * math.ceil(max_seq_len / page_size)
+        self.ctx = Context(device="cpu" if self.device.type == "cpu" else self.device.index,
+                           q_dtype=dtype, kv_dtype=dtype, page_size=page_size,
                            kv_budget_pages=pages, max_batch=max_batch, max_seq_len=max_seq_len,
                            max_q_tokens=max_batch * max_seq_len, model=model_desc)
         self.torch_dtype = {"BF16": torch.bfloat16, "FP16": torch.float16}[self.ctx.dtype.name]
@@ -93,7 +98,13 @@ class Backend:
         self._stepping = None  # the cache whose update ran just before the next attention
 
     def cache(self):
-        """A new PagedCache for one generation."""
+        """A new PagedCache for one generation. The sinks are compared here, once a generation
+        rather than once a layer and step (on a GPU each comparison waits for the device)."""
+        if self.sinks is not None and not all(
+                torch.equal(m.sinks.detach().float().cpu(), sinks)
+                for m, sinks in zip(self.attn, self.sinks)):
+            raise ValueError("model: its sinks are not those the context was created with "
+                             "(call use() after loading the weights)")
         if self._cache is not None:
             self._cache.close()
         self._cache = PagedCache(self, len(self.attn))
@@ -139,22 +150,18 @@ class Backend:
         """The call's options must be those the context was created with."""
         if dropout:
             raise ValueError(f"dropout: {dropout}; fattn attends for inference only")
-        if scaling is not None and not math.isclose(scaling, self.attn[layer].scaling,
-                                                    rel_tol=1e-6):
+        if scaling is not None and not math.isclose(scaling, self.scale, rel_tol=1e-6):
             raise ValueError(f"scaling: layer {layer} asks {scaling}, the context has "
-                             f"{self.attn[layer].scaling}")
+                             f"{self.scale}")
         if kwargs.get("sliding_window") != self.windows[layer]:
             raise ValueError(f"sliding_window: layer {layer} asks {kwargs.get('sliding_window')}, "
                              f"the context has {self.windows[layer]}")
         if kwargs.get("softcap") not in (None, self.softcap):
             raise ValueError(f"softcap: layer {layer} asks {kwargs['softcap']}, the context has "
                              f"{self.softcap}")
-        sinks = kwargs.get("s_aux")
-        if (sinks is None) != (self.sinks is None) or (
-                sinks is not None and not torch.equal(sinks.detach().float().cpu(),
-                                                      self.sinks[layer])):
-            raise ValueError(f"s_aux: layer {layer}'s sinks are not those the context was "
-                             "created with (call use() after loading the weights)")
+        if (kwargs.get("s_aux") is None) != (self.sinks is None):
+            raise ValueError(f"s_aux: layer {layer} passes {'no ' if self.sinks is not None else ''}"
+                             "sinks, unlike the model use() read")
 
 
 class _Slots(CacheLayerMixin):

@@ -93,6 +93,18 @@ class HuggingFace(unittest.TestCase):
             cells = [f"{p[0]:.4f}/{p[1]:.4f} | {d[0]:.4f}/{d[1]:.4f}" for p, d in (other, ours)]
             print(f"{name:46} {cells[0]:>31} {cells[1]:>31}")
 
+    def test_needs_its_cache(self):
+        config, _ = configs()["llama (GQA)"]
+        model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+        backend = fattn.hf.use(model, device="cpu", page_size=4, max_batch=4, max_seq_len=64)
+        try:
+            with self.assertRaisesRegex(ValueError, "^cache: fattn attends over its own pages"):
+                model(input_ids=torch.ones(1, 3, dtype=torch.long),
+                      cache=transformers.DynamicCache(config=config))
+        finally:
+            backend.close()
+        self.assertEqual(model.config._attn_implementation, "sdpa")
+
     def test_models(self):
         for name, (config, baseline) in configs().items():
             with self.subTest(model=name):
