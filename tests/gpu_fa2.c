@@ -204,8 +204,8 @@ static double run_case(const cfg *c, int route, int *ok) {
   h.max_splits = MAX_SPLITS;
   h.split_rows_cap = MAX_SPLITS * FATTN__SPLIT_ROWS_PER_SPLIT;
   h.target_ctas = TARGET_CTAS;
-  h.num_kv_heads = c->kvh;
-  h.decode_resident = fattn__decode_resident(c->kt == F8, c->d, c->qh / c->kvh);
+  h.decode_groups = fattn__decode_groups(c->mla, c->qh, c->kvh);
+  h.decode_resident = c->mla ? FATTN__DECODE_RESIDENT_MLA : fattn__decode_resident(c->kt == F8, c->d, c->qh / c->kvh);
   h.causal = c->mode != FATTN_MODE_CROSS;
   h.num_mask_rows = nmask;
   fattn__prep(&h, e);
@@ -511,7 +511,7 @@ START_TEST(store_kv) {
     }
     fattn__step_hdr h;
     memset(&h, 0, sizeof h);
-    h.mode = FATTN_MODE_PREFILL; h.num_entries = bs; h.num_kv_heads = 2; h.causal = 1;
+    h.mode = FATTN_MODE_PREFILL; h.num_entries = bs; h.decode_groups = 2; h.causal = 1;
     h.max_splits = 1; h.target_ctas = 1;
     fattn__prep(&h, e);
     l.pages_per_seq = (maxkv + ps - 1) / ps;
