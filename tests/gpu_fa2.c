@@ -1,7 +1,8 @@
 /* gpu_fa2.c: the fa2 kernels (attn/fa2) against the float64 reference (attn/ref) on random
  * paged steps: store_kv bytes, every mode, options, head dims, dtypes, page sizes, GQA.
  * tests/gpu_fa3.c builds the same sweep with FATTN_TEST_FA3: attend through the fa3 backend
- * (the query-tiled groups; decode and store_kv stay here). */
+ * (the query-tiled groups; decode and store_kv stay here); tests/gpu_mla.c runs its case
+ * machinery with cases of its own (FATTN_TEST_MLA). */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdint.h>
@@ -484,6 +485,8 @@ static void group(const cfg *c, int n, const char *tag) {
 
 /* ------------------------------------------------------------------- cases */
 
+#ifndef FATTN_TEST_MLA /* tests/gpu_mla.c brings its own cases */
+
 static const uint32_t PAGES[5] = {1, 16, 64, 128, 256};
 static const uint32_t DIMS[6][2] = {{64, 64}, {96, 96}, {128, 128}, {192, 128}, {192, 192}, {256, 256}};
 static const uint32_t GQA[4][2] = {{4, 4}, {8, 2}, {8, 1}, {32, 1}};
@@ -770,3 +773,4 @@ FATTN_SUITE("gpu_fa3", FATTN_TEST_GPU, options, verify, sinks_far, prefill, fa3_
 #else
 FATTN_SUITE("gpu_fa2", FATTN_TEST_GPU, store_kv, decode, decode_narrow, options, verify, sinks_far, prefill, totals)
 #endif
+#endif /* FATTN_TEST_MLA */
