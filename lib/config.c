@@ -96,7 +96,7 @@ static fattn_status check_backends(const fattn_config *c, fattn__norm *n, char *
   const char *names[2] = {"prefill_backend", "decode_backend"};
   n->on_cpu = c->device == FATTN_DEVICE_CPU;
   for (int i = 0; i < 2; i++) {
-    if ((unsigned)pair[i] > FATTN_BACKEND_CPU || (unsigned)pair[i] == 3u) /* 3: reserved */
+    if ((unsigned)pair[i] > FATTN_BACKEND_CPU || (unsigned)pair[i] == FATTN__BACKEND_RESERVED)
       return BAD("%s %d: unknown backend", names[i], pair[i]);
     if (n->on_cpu && pair[i] != FATTN_BACKEND_AUTO && pair[i] != FATTN_BACKEND_CPU)
       return BAD("%s %d: device FATTN_DEVICE_CPU runs only the CPU backend", names[i], pair[i]);

@@ -14,6 +14,8 @@
 #define FATTN__ALIGN 256u /* every region starts on this boundary */
 
 #define FATTN__UNUSED(x) ((void)(x))
+/* The backend value fattn.h keeps reserved between FA3 and CPU: create rejects it as unknown. */
+#define FATTN__BACKEND_RESERVED 3u
 
 /* Config and model after defaults were applied and everything was validated. */
 typedef struct fattn__norm {

@@ -142,16 +142,18 @@ _PROTOTYPES = {
 }
 
 
-def _candidates():
+def _path():
+    """$FATTN_LIB, else build/libfattn.so of the checkout the package sits in, else the
+    system loader's libfattn.so."""
     if os.environ.get("FATTN_LIB"):
-        return [os.environ["FATTN_LIB"]]
+        return os.environ["FATTN_LIB"]
     here = os.path.dirname(os.path.abspath(__file__))
-    in_tree = os.path.join(here, os.pardir, os.pardir, "build", "libfattn.so")
-    return [os.path.normpath(in_tree)] if os.path.exists(in_tree) else ["libfattn.so"]
+    in_tree = os.path.normpath(os.path.join(here, os.pardir, os.pardir, "build", "libfattn.so"))
+    return in_tree if os.path.exists(in_tree) else "libfattn.so"
 
 
 def _load():
-    path = _candidates()[0]
+    path = _path()
     try:
         lib = ctypes.CDLL(path)
     except OSError as e:

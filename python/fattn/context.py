@@ -140,10 +140,13 @@ class Context:
         if getattr(self, "_ctx", None) is not None:
             lib.fattn_destroy(self._ctx, 1)
 
-    def _call(self, name, *args):
+    def _live(self, name):
         if self._ctx is None:
             raise ValueError(f"{name}: the context is closed")
-        status = getattr(lib, name)(self._ctx, *args)
+        return self._ctx
+
+    def _call(self, name, *args):
+        status = getattr(lib, name)(self._live(name), *args)
         if status:
             raise FattnError(name, status, lib.fattn_detail(self._ctx).decode())
 
@@ -158,14 +161,11 @@ class Context:
         return {f: getattr(s, f) for f, _ in s._fields_ if f != "struct_size"}
 
     def memory(self):
-        if self._ctx is None:
-            raise ValueError("fattn_ctx_memory: the context is closed")
-        return _report(lib.fattn_ctx_memory(self._ctx).contents)
+        return _report(lib.fattn_ctx_memory(self._live("fattn_ctx_memory")).contents)
 
     def backend(self, mode):
-        if self._ctx is None:
-            raise ValueError("fattn_ctx_backend: the context is closed")
-        return _lib.Backend(lib.fattn_ctx_backend(self._ctx, _enum(Mode, "mode", mode)))
+        ctx = self._live("fattn_ctx_backend")
+        return _lib.Backend(lib.fattn_ctx_backend(ctx, _enum(Mode, "mode", mode)))
 
     # ---- sequences
 

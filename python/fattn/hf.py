@@ -219,8 +219,8 @@ class PagedCache(Cache):
         seqs, q_lens = [], []
         for b, n in enumerate(counts):
             if n:
+                ctx.reserve(self.seqs[b], self.lengths[b] + n)
                 self.lengths[b] += n
-                ctx.reserve(self.seqs[b], self.lengths[b])
                 seqs.append(self.seqs[b])
                 q_lens.append(n)
         ctx.plan("decode" if real.shape[1] == 1 else "prefill", seqs, q_lens)
