@@ -81,7 +81,7 @@ typedef struct fattn__step_hdr {
   uint32_t max_splits;    /* bound fixed at create */
   uint32_t split_rows_cap; /* workspace rows available */
   uint32_t target_ctas;   /* split policy: blocks wanted to fill the device */
-  uint32_t num_kv_heads;
+  uint32_t decode_groups; /* blocks a decode entry runs a split (fattn__decode_groups) */
   uint32_t causal;        /* 0 for CROSS */
   uint32_t num_pt_updates; /* page-table updates in this slot (see fattn__pt_update) */
   uint32_t num_page_copies; /* copy-on-write copies in this slot */
@@ -151,7 +151,23 @@ FATTN__HD uint32_t fattn__decode_resident(int kv_fp8, uint32_t head_dim, uint32_
 /* Never overflows: q_len may come close to UINT32_MAX in a rejected batch's arithmetic. */
 FATTN__HD uint32_t fattn__ceil_div(uint32_t a, uint32_t b) { return a / b + (a % b != 0u); }
 
-/* Of 1..hi splits of each of per_entry (entry, kv head) pairs, the count whose blocks take the
+/* MLA decode (attn/fa2/fa2_mla.cu): the q heads of a query that one block packs as its rows. 32
+ * where there are more than 16 heads, so that each latent row a block loads feeds 32 heads (the
+ * most that four warps' O slices of 128 dims hold under 128 registers); 16 below, where a 32-row
+ * tile would be mostly padding. */
+FATTN__HD uint32_t fattn__mla_rows(uint32_t q_heads) { return q_heads <= 16u ? 16u : 32u; }
+/* Blocks an SM of the MLA decode kernel where its shared memory allows two (sm_90: 2 x 111 KiB;
+ * sm_80 holds one), the wave of the split rule for MLA layers. */
+#ifndef FATTN__DECODE_RESIDENT_MLA
+#define FATTN__DECODE_RESIDENT_MLA 2u
+#endif
+/* Blocks a decode entry runs for each of its splits, the unit of the split policy: one a kv head,
+ * or one a group of fattn__mla_rows q heads for MLA (one latent head shared by every q head). */
+FATTN__HD uint32_t fattn__decode_groups(int mla, uint32_t q_heads, uint32_t kv_heads) {
+  return mla ? fattn__ceil_div(q_heads, fattn__mla_rows(q_heads)) : kv_heads;
+}
+
+/* Of 1..hi splits of each of per_entry (entry, decode group) pairs, the count whose blocks take the
  * fewest rounds of `wave` resident blocks per split (rounds / splits least; ties to fewer
  * splits, which save the combine): ceil(n * per_entry / wave) rounds of kv_len / n slots. */
 FATTN__HD uint32_t fattn__wave_splits(uint32_t per_entry, uint32_t wave, uint32_t hi) {
@@ -166,7 +182,7 @@ FATTN__HD uint32_t fattn__wave_splits(uint32_t per_entry, uint32_t wave, uint32_
 }
 
 /* Split policy, identical on host and device. Decode-like modes split long KV so that
- * num_entries * kv_heads * splits reaches target_ctas, in splits of FATTN__SPLIT_MIN_KV or
+ * num_entries * decode_groups * splits reaches target_ctas, in splits of FATTN__SPLIT_MIN_KV or
  * more, or of FATTN__SPLIT_MIN_KV_SHORT where those would not give every SM a block;
  * prefill-like modes never split. */
 FATTN__HD uint32_t fattn__splits_for(const fattn__step_hdr *h, uint32_t kv_len, uint32_t q_len,
@@ -174,7 +190,7 @@ FATTN__HD uint32_t fattn__splits_for(const fattn__step_hdr *h, uint32_t kv_len, 
   *align = FATTN__SPLIT_ALIGN;
   if (h->mode != FATTN_MODE_DECODE && h->mode != FATTN_MODE_TARGET_VERIFY && h->mode != FATTN_MODE_DRAFT_DECODE)
     return 1u;
-  uint32_t per_entry = (h->num_live ? h->num_live : h->num_entries) * h->num_kv_heads;
+  uint32_t per_entry = (h->num_live ? h->num_live : h->num_entries) * h->decode_groups;
   if (per_entry == 0u) return 1u;
   uint32_t want = fattn__ceil_div(h->target_ctas, per_entry);
   uint32_t by_len = kv_len / FATTN__SPLIT_MIN_KV;

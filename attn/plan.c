@@ -162,6 +162,10 @@ static fattn_status check_batch(fattn_ctx *ctx, const fattn_batch *b, uint32_t c
   const fattn_config *c = &ctx->n.cfg;
   if (b->mode < FATTN_MODE_PREFILL || b->mode > FATTN_MODE_COUNT)
     return fattn__fail(ctx, FATTN_ERR_INVALID, "mode %d: unknown", b->mode);
+  if (ctx->backend[b->mode] == FATTN_BACKEND_AUTO) { /* only MLA leaves a mode to no backend (lib/context.c) */
+    fattn__mla_mode_check(FATTN_BACKEND_FA2, b->mode, fattn__detail_buf(ctx), sizeof ctx->detail);
+    return FATTN_ERR_UNSUPPORTED;
+  }
   if (spec_mode(b->mode) && !c->spec_topk)
     return fattn__fail(ctx, FATTN_ERR_INVALID, "mode %d: speculative modes need spec_topk >= 1 at create", b->mode);
   if (b->mode == FATTN_MODE_CROSS && !c->max_encoder_len)
@@ -390,7 +394,8 @@ static void fill_header(fattn_ctx *ctx, fattn__step_hdr *h, fattn_mode mode) {
   h->max_splits = ctx->n.max_splits;
   h->split_rows_cap = ctx->lay.split_rows_cap;
   h->target_ctas = FATTN__CTAS_PER_SM * ctx->num_sms;
-  h->num_kv_heads = ctx->n.model.num_kv_heads;
+  h->decode_groups = fattn__decode_groups(ctx->n.model.mla_latent_dim != 0, ctx->n.model.num_q_heads,
+                                          ctx->n.model.num_kv_heads);
   h->decode_resident = ctx->decode_resident;
   h->causal = mode != FATTN_MODE_CROSS;
 }

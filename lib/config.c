@@ -183,3 +183,39 @@ fattn_status fattn__normalize(const fattn_config *cfg, const fattn_model *model,
   n->cfg.graph_buckets = NULL;
   return FATTN_OK;
 }
+
+static const char *mode_name(uint32_t mode) {
+  static const char *const names[FATTN_MODE_COUNT + 1] = {"?", "PREFILL", "DECODE", "TARGET_VERIFY",
+                                                          "DRAFT_DECODE", "DRAFT_EXTEND", "CROSS"};
+  return mode <= FATTN_MODE_COUNT ? names[mode] : "?";
+}
+
+fattn_status fattn__mla_mode_check(fattn_backend backend, uint32_t mode, char *detail, size_t detail_len) {
+  if (backend == FATTN_BACKEND_CPU || (backend == FATTN_BACKEND_FA2 && mode == FATTN_MODE_DECODE)) return FATTN_OK;
+  if (backend == FATTN_BACKEND_FA3)
+    return fattn__failbuf(detail, detail_len, FATTN_ERR_UNSUPPORTED,
+                          "MLA mode %s: FA3 has no MLA kernel yet (FA2 runs MLA in DECODE)", mode_name(mode));
+  return fattn__failbuf(detail, detail_len, FATTN_ERR_UNSUPPORTED,
+                        "MLA mode %s: not supported on the GPU yet (FA2 runs MLA in DECODE only; the CPU "
+                        "backend runs every mode)",
+                        mode_name(mode));
+}
+
+fattn_status fattn__mla_options_check(const fattn__norm *n, const fattn_layer_opts *layers, int has_sinks,
+                                      char *detail, size_t detail_len) {
+#define MLA_LACKS(...) fattn__failbuf(detail, detail_len, FATTN_ERR_UNSUPPORTED, __VA_ARGS__)
+  if (n->cfg.kv_dtype != n->cfg.q_dtype)
+    return MLA_LACKS("kv_dtype %d: MLA on the GPU reads latent rows in q_dtype %d only (no fp8 latent yet)",
+                     n->cfg.kv_dtype, n->cfg.q_dtype);
+  if (n->model.logit_softcap != 0.0f)
+    return MLA_LACKS("logit_softcap %g: MLA on the GPU has no softcap", (double)n->model.logit_softcap);
+  if (has_sinks) return MLA_LACKS("sinks: MLA on the GPU has no sinks");
+  for (uint32_t i = 0; layers && i < n->model.num_layers; i++) {
+    if (layers[i].sliding_window != FATTN_NO_WINDOW)
+      return MLA_LACKS("layers[%u].sliding_window %d: MLA on the GPU has no window", i, layers[i].sliding_window);
+    if (layers[i].chunk_size != 0)
+      return MLA_LACKS("layers[%u].chunk_size %u: MLA on the GPU has no chunked attention", i, layers[i].chunk_size);
+  }
+  return FATTN_OK;
+#undef MLA_LACKS
+}

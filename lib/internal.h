@@ -59,6 +59,15 @@ typedef struct fattn__layout {
 
 fattn_status fattn__normalize(const fattn_config *cfg, const fattn_model *model,
                               fattn__norm *out, char *detail, size_t detail_len);
+/* MLA on the GPU backends (lib/config.c, pure, so that the CPU suite reads the details that
+ * create and plan give). fattn__mla_mode_check: FATTN_OK where backend has an MLA kernel for
+ * mode (FA2: DECODE), else FATTN_ERR_UNSUPPORTED, the detail naming the mode and the backend.
+ * fattn__mla_options_check: FATTN_ERR_UNSUPPORTED naming the first option of n (with the layer
+ * options and whether the model has sinks, which create copies out of n) that the MLA kernel
+ * lacks: fp8 or mixed-type latent rows, softcap, sinks, a window, a chunk. */
+fattn_status fattn__mla_mode_check(fattn_backend backend, uint32_t mode, char *detail, size_t detail_len);
+fattn_status fattn__mla_options_check(const fattn__norm *n, const fattn_layer_opts *layers, int has_sinks,
+                                      char *detail, size_t detail_len);
 fattn_status fattn__layout_compute(const fattn__norm *n, fattn__layout *lay,
                                    fattn_memory_report *report, char *detail, size_t detail_len);
 /* Bytes of one graph's static area for a bucket of the given requests. */

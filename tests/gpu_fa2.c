@@ -1,7 +1,8 @@
 /* gpu_fa2.c: the fa2 kernels (attn/fa2) against the float64 reference (attn/ref) on random
  * paged steps: store_kv bytes, every mode, options, head dims, dtypes, page sizes, GQA.
  * tests/gpu_fa3.c builds the same sweep with FATTN_TEST_FA3: attend through the fa3 backend
- * (the query-tiled groups; decode and store_kv stay here). */
+ * (the query-tiled groups; decode and store_kv stay here); tests/gpu_mla.c runs its case
+ * machinery with cases of its own (FATTN_TEST_MLA). */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdint.h>
@@ -204,8 +205,8 @@ static double run_case(const cfg *c, int route, int *ok) {
   h.max_splits = MAX_SPLITS;
   h.split_rows_cap = MAX_SPLITS * FATTN__SPLIT_ROWS_PER_SPLIT;
   h.target_ctas = TARGET_CTAS;
-  h.num_kv_heads = c->kvh;
-  h.decode_resident = fattn__decode_resident(c->kt == F8, c->d, c->qh / c->kvh);
+  h.decode_groups = fattn__decode_groups(c->mla, c->qh, c->kvh);
+  h.decode_resident = c->mla ? FATTN__DECODE_RESIDENT_MLA : fattn__decode_resident(c->kt == F8, c->d, c->qh / c->kvh);
   h.causal = c->mode != FATTN_MODE_CROSS;
   h.num_mask_rows = nmask;
   fattn__prep(&h, e);
@@ -484,6 +485,8 @@ static void group(const cfg *c, int n, const char *tag) {
 
 /* ------------------------------------------------------------------- cases */
 
+#ifndef FATTN_TEST_MLA /* tests/gpu_mla.c brings its own cases */
+
 static const uint32_t PAGES[5] = {1, 16, 64, 128, 256};
 static const uint32_t DIMS[6][2] = {{64, 64}, {96, 96}, {128, 128}, {192, 128}, {192, 192}, {256, 256}};
 static const uint32_t GQA[4][2] = {{4, 4}, {8, 2}, {8, 1}, {32, 1}};
@@ -511,7 +514,7 @@ START_TEST(store_kv) {
     }
     fattn__step_hdr h;
     memset(&h, 0, sizeof h);
-    h.mode = FATTN_MODE_PREFILL; h.num_entries = bs; h.num_kv_heads = 2; h.causal = 1;
+    h.mode = FATTN_MODE_PREFILL; h.num_entries = bs; h.decode_groups = 2; h.causal = 1;
     h.max_splits = 1; h.target_ctas = 1;
     fattn__prep(&h, e);
     l.pages_per_seq = (maxkv + ps - 1) / ps;
@@ -770,3 +773,4 @@ FATTN_SUITE("gpu_fa3", FATTN_TEST_GPU, options, verify, sinks_far, prefill, fa3_
 #else
 FATTN_SUITE("gpu_fa2", FATTN_TEST_GPU, store_kv, decode, decode_narrow, options, verify, sinks_far, prefill, totals)
 #endif
+#endif /* FATTN_TEST_MLA */

@@ -122,7 +122,8 @@ void fx_store_step(fx *f, fattn__step_params s, const float *k, const float *v) 
 void fx_fill(fx *f, uint32_t seq, uint32_t lo, uint32_t n, const float *k,
                     const float *v) {
   fattn__step_hdr h = {.mode = FATTN_MODE_PREFILL, .num_entries = 1,
-                       .num_kv_heads = f->l.num_kv_heads, .causal = 1};
+                       .decode_groups = fattn__decode_groups(f->l.mla, f->l.num_q_heads, f->l.num_kv_heads),
+                       .causal = 1};
   fattn__entry e = {.seq = seq, .q_len = n, .kv_len = lo + n, .new_len = n,
                     .mask_row = UINT32_MAX};
   fattn__prep(&h, &e);
@@ -143,7 +144,7 @@ fattn__entry *fx_add(fx *f, uint32_t seq, uint32_t q_len, uint32_t kv_len,
 /* Derives the step; split_rows_cap, max_splits and target_ctas are the caller's. */
 void fx_plan(fx *f, uint32_t mode) {
   f->h.mode = mode;
-  f->h.num_kv_heads = f->l.num_kv_heads;
+  f->h.decode_groups = fattn__decode_groups(f->l.mla, f->l.num_q_heads, f->l.num_kv_heads);
   f->h.causal = mode != FATTN_MODE_CROSS;
   fattn__prep(&f->h, f->e);
   if (f->h.split_rows_cap && !f->s.split_o) {

@@ -12,7 +12,7 @@
  * SMs at the default target (the shapes of docs/performance.md's split-count figures). */
 static uint32_t splits_kv(uint32_t mode, int kv_fp8, uint32_t entries, uint32_t q_len, uint32_t kv_len) {
   fattn__step_hdr h = {.mode = mode, .num_entries = entries, .max_splits = 32,
-                       .target_ctas = FATTN__CTAS_PER_SM * 132u, .num_kv_heads = 8,
+                       .target_ctas = FATTN__CTAS_PER_SM * 132u, .decode_groups = 8,
                        .decode_resident = fattn__decode_resident(kv_fp8, 128, 4)};
   fattn__entry x = {.q_len = q_len, .kv_len = kv_len};
   fattn__split_of(&h, &x);

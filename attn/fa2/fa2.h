@@ -46,6 +46,13 @@ int fa2__launch_hd96(const fa2__args *a, int kind, dim3 grid, cudaStream_t st);
 int fa2__launch_hd128(const fa2__args *a, int kind, dim3 grid, cudaStream_t st);
 int fa2__launch_hd192(const fa2__args *a, int kind, dim3 grid, cudaStream_t st);
 int fa2__launch_hd256(const fa2__args *a, int kind, dim3 grid, cudaStream_t st);
+/* MLA's absorbed shape: Q and the latent rows are 576 wide (512 latent + 64 rope), V and O are
+ * the latent's 512. */
+#define FA2__MLA_DK 576
+#define FA2__MLA_DV 512
+/* The MLA decode kernel (attn/fa2/fa2_mla.cu) over grid (entries x q-head groups of
+ * fattn__mla_rows, splits, queries); returns a cudaError_t value. */
+int fa2__launch_mla(const fa2__args *a, dim3 grid, cudaStream_t st);
 
 #ifdef __CUDACC__
 

@@ -2,15 +2,18 @@
  * dispatch from layer shape, mode and step caps, and the split-KV combine kernel. */
 #include "attn/fa2/fa2.h"
 
+/* MLA: the absorbed shape with its latent in Q's type (fp8 latent rows are not built yet), one
+ * latent head, and none of the options the MLA kernel lacks (softcap, sinks, window, chunk). */
 extern "C" int fattn__fa2_supports(const fattn__layer_params *l) {
   uint32_t d = l->head_dim, dv = l->head_dim_v;
-  int dims = (d == 64u || d == 96u || d == 128u || d == 192u || d == 256u) &&
-             (dv == d || (d == 192u && dv == 128u));
+  int dims = l->mla ? d == FA2__MLA_DK && dv == FA2__MLA_DV
+                    : (d == 64u || d == 96u || d == 128u || d == 192u || d == 256u) &&
+                          (dv == d || (d == 192u && dv == 128u));
   int types = (l->q_dtype == FATTN_DTYPE_BF16 || l->q_dtype == FATTN_DTYPE_FP16) &&
-              (l->kv_dtype == l->q_dtype || l->kv_dtype == FATTN_DTYPE_FP8_E4M3);
+              (l->kv_dtype == l->q_dtype || (!l->mla && l->kv_dtype == FATTN_DTYPE_FP8_E4M3));
   int ps = l->page_size >= 1u && l->page_size <= 256u && (l->page_size & (l->page_size - 1u)) == 0u;
   int heads = l->num_kv_heads > 0u && l->num_q_heads % l->num_kv_heads == 0u;
-  int mla = !l->mla || l->num_kv_heads == 1u;
+  int mla = !l->mla || (l->num_kv_heads == 1u && l->softcap == 0.f && !l->sinks && l->window < 0 && l->chunk == 0u);
   return dims && types && ps && heads && mla;
 }
 
@@ -325,6 +328,27 @@ int fa2__sm_count(void) {
 
 static uint32_t fa2__clamp(uint32_t x, uint32_t lo, uint32_t hi) { return x < lo ? lo : x > hi ? hi : x; }
 
+/* The combine after a split decode kernel (qpe: query tokens an entry, as the decode grid took
+ * them). Four warps a row where the rows are no more than the SMs and an entry's most chunks fit
+ * FA2__CSUM_BYTES, else one, and two rows a warp past one round of the combine's warps; a row's
+ * result depends on neither, so a graph and its eager step may differ in them. Four warps a row
+ * up to a round lost 3-6% at bs 8 and 16 (H100; docs/performance.md, decode): their rows have at
+ * most 4 splits, so 3 warps of 4 idled in 4 times the blocks. */
+static int fa2__launch_combine(const fa2__args &a, const fattn__step_params &s, uint32_t qpe, cudaStream_t st) {
+  const fattn__layer_params &l = a.l;
+  const uint32_t rows = s.cap_entries * qpe * l.num_q_heads;
+  const uint32_t round = FA2__COMBINE_BLOCKS * 4u * a.num_sms;
+  const uint32_t csum = (s.max_splits + FA2__CHUNK - 1u) / FA2__CHUNK * l.head_dim_v * 4u;
+  const uint32_t wpr = rows <= a.num_sms && csum <= FA2__CSUM_BYTES ? FA2__WIDE_WARPS : 1u;
+  const uint32_t rpw = rows > round ? FA2__FEW_ROWS : 1u;
+  const uint32_t warps = s.cap_entries * qpe * ((l.num_q_heads + rpw - 1u) / rpw) * wpr;
+  const uint32_t smem = wpr > 1u ? csum : 0u;
+  const bool bf16 = l.q_dtype == FATTN_DTYPE_BF16;
+  auto combine = wpr > 1u ? (bf16 ? fa2__combine<__nv_bfloat16, true> : fa2__combine<__half, true>)
+                          : (bf16 ? fa2__combine<__nv_bfloat16, false> : fa2__combine<__half, false>);
+  return (int)fattn__launch(combine, dim3((warps + 3u) / 4u), dim3(128), smem, st, a, qpe, rpw, smem / 4u);
+}
+
 extern "C" int fattn__fa2_attend(fattn__layer_params l, fattn__step_params s, const void *q,
                                  void *out, float *lse, void *stream) {
   if (!fattn__fa2_supports(&l)) return (int)cudaErrorInvalidValue;
@@ -338,6 +362,16 @@ extern "C" int fattn__fa2_attend(fattn__layer_params l, fattn__step_params s, co
   /* query tokens an entry, rounded up: every entry's q_len in the decode modes; the longer
    * entries of extend-like steps that take the decode kind are looped over by the kernels */
   const uint32_t qpe = (s.cap_q_tokens + s.cap_entries - 1u) / s.cap_entries;
+  /* twice the policy's target: graph padding may leave fewer live entries than cap_entries */
+  const uint32_t want = 2u * FATTN__CTAS_PER_SM * a.num_sms;
+  const uint32_t split_cap = s.max_splits < 64u ? s.max_splits : 64u; /* blocks past it would only exit */
+  if (l.mla) { /* DECODE alone so far (the context refuses MLA's other modes on the GPU) */
+    if (s.mode != FATTN_MODE_DECODE) return (int)cudaErrorNotSupported;
+    const uint32_t ctas = s.cap_entries * fattn__decode_groups(1, l.num_q_heads, 1u);
+    grid = dim3(ctas, fa2__clamp((want + ctas - 1u) / ctas, 1u, split_cap), fa2__clamp(qpe, 1u, 8u));
+    const int err = fa2__launch_mla(&a, grid, st);
+    return err || !s.split_o ? err : fa2__launch_combine(a, s, qpe, st);
+  }
   if (decode) {
     uint32_t ctas = s.cap_entries * l.num_kv_heads;
     /* 32-row tiles change the column split and so the rounding; qpe is the same in a graph as
@@ -345,10 +379,7 @@ extern "C" int fattn__fa2_attend(fattn__layer_params l, fattn__step_params s, co
     wide = qpe * G > 16u && l.head_dim <= 128u;
     narrow = fattn__narrow_tiles(qpe * G, l.head_dim);
     const uint32_t rows_per_cta = wide ? 32u : narrow ? 8u : 16u;
-    /* twice the policy's target: graph padding may leave fewer live entries than cap_entries */
-    const uint32_t want = 2u * FATTN__CTAS_PER_SM * a.num_sms;
-    /* no entry gets more than max_splits (>= 1) splits: blocks past it would only exit */
-    grid = dim3(ctas, fa2__clamp((want + ctas - 1u) / ctas, 1u, s.max_splits < 64u ? s.max_splits : 64u),
+    grid = dim3(ctas, fa2__clamp((want + ctas - 1u) / ctas, 1u, split_cap),
                 fa2__clamp((qpe * G + rows_per_cta - 1u) / rows_per_cta, 1u, 8u));
   } else {
     if (s.cap_tiles == 0u) return (int)cudaSuccess;
@@ -367,20 +398,5 @@ extern "C" int fattn__fa2_attend(fattn__layer_params l, fattn__step_params s, co
     default: err = fa2__launch_hd256(&a, kind, grid, st); break;
   }
   if (err || !decode || !s.split_o) return err;
-  /* Four warps a row where the rows are no more than the SMs and an entry's most chunks fit
-   * FA2__CSUM_BYTES, else one, and two rows a warp past one round of the combine's warps; a
-   * row's result depends on neither, so a graph and its eager step may differ in them. Four
-   * warps a row up to a round lost 3-6% at bs 8 and 16 (H100; docs/performance.md, decode): their
-   * rows have at most 4 splits, so 3 warps of 4 idled in 4 times the blocks. */
-  const uint32_t rows = s.cap_entries * qpe * l.num_q_heads;
-  const uint32_t round = FA2__COMBINE_BLOCKS * 4u * a.num_sms;
-  const uint32_t csum = (s.max_splits + FA2__CHUNK - 1u) / FA2__CHUNK * l.head_dim_v * 4u;
-  const uint32_t wpr = rows <= a.num_sms && csum <= FA2__CSUM_BYTES ? FA2__WIDE_WARPS : 1u;
-  const uint32_t rpw = rows > round ? FA2__FEW_ROWS : 1u;
-  const uint32_t warps = s.cap_entries * qpe * ((l.num_q_heads + rpw - 1u) / rpw) * wpr;
-  const uint32_t smem = wpr > 1u ? csum : 0u;
-  const bool bf16 = l.q_dtype == FATTN_DTYPE_BF16;
-  auto combine = wpr > 1u ? (bf16 ? fa2__combine<__nv_bfloat16, true> : fa2__combine<__half, true>)
-                          : (bf16 ? fa2__combine<__nv_bfloat16, false> : fa2__combine<__half, false>);
-  return (int)fattn__launch(combine, dim3((warps + 3u) / 4u), dim3(128), smem, st, a, qpe, rpw, smem / 4u);
+  return fa2__launch_combine(a, s, qpe, st);
 }

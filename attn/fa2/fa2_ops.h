@@ -171,11 +171,12 @@ template <int DROW, bool SW> __device__ __forceinline__ int fa2__at(int r, int c
 /* Copies one block's rows (16-byte chunks, CH a row; with RANGE only rows [r_lo, r_hi)) for
  * the slots in rsb: chunk c of row r lands at dst + fa2__at<DROW, SW>(r, c). The chunk index
  * per thread is fixed at compile time, so a copy costs one shared load of its slot, one wide
- * multiply-add and the cp.async. */
-template <int BN, int CH, int NT, int DROW, bool SW, bool RANGE>
+ * multiply-add and the cp.async. ROLLED keeps the loop rolled: each unrolled copy's offsets stay
+ * live across the caller's loop, which MLA's long rows (9-18 copies a thread) cannot afford. */
+template <int BN, int CH, int NT, int DROW, bool SW, bool RANGE, bool ROLLED = false>
 __device__ __forceinline__ void fa2__rows(char *dst, const char *src, size_t stride, const uint32_t *rsb, int tid,
                                           int r_lo, int r_hi) {
-#pragma unroll
+#pragma unroll(ROLLED ? 1 : (BN * CH + NT - 1) / NT)
   for (int i = 0; i < (BN * CH + NT - 1) / NT; i++) {
     const int ci = tid + i * NT, r = ci / CH, c = ci % CH;
     if ((BN * CH % NT == 0 || ci < BN * CH) && (!RANGE || (r >= r_lo && r < r_hi))) {

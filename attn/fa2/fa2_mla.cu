@@ -1,0 +1,275 @@
+/* fa2_mla.cu: the portable MLA decode kernel (absorbed DeepSeek-V3 attention: one latent row of
+ * 576 a slot is K, its first 512 dims are V, shared by every q head) and its launcher. */
+#include "attn/fa2/fa2.h"
+
+/* Tile of the MLA decode kernel. A block takes ROWS q heads of one query (16-row slabs, MW of
+ * them) against one split of the entry's KV, BN slots a stage, ST stages. Warps are (slab wm,
+ * column wn) with NCOL column warps a slab: for S = Q K^T a warp takes its slab's rows against
+ * BN / NCOL slots of the stage; for O += P V it takes the slab's rows against all BN slots and
+ * owns DV / NCOL = 128 dims of O, so O (ROWS x 512 fp32) lives in registers split over the
+ * warps, 64 floats a thread, and no warp merges O with another. A stage's latent rows are
+ * loaded once and read by both products. T: Q's, O's and the cache's type (16-bit). */
+template <int ROWS, int BN, int ST, typename T>
+struct fa2__mla_cfg {
+  static constexpr int DK = FA2__MLA_DK, DV = FA2__MLA_DV;
+  static constexpr int MW = ROWS / 16, NCOL = 4, NT = MW * NCOL * 32;
+  static constexpr int WN = BN / NCOL, NS = WN / 8; /* score tiles of 8 slots a warp */
+  static constexpr int DW = DV / NCOL, NO = DW / 8; /* O dims a warp, its 8-dim tiles */
+  static constexpr int CH = DK * 2 / 16;            /* 16-byte chunks of a latent row */
+  /* Q and latent rows are whole 128-byte lines (1152 bytes), stored unpadded and swizzled
+   * (fa2__at), so ldmatrix's eight rows fall in eight bank groups. */
+  static constexpr int ROW_BYTES = DK * 2;
+  /* P rows are padded by 16 bytes: at BN 32 an unpadded 64-byte pitch put four of ldmatrix's
+   * rows on the same banks. */
+  static constexpr int P_ROW = BN * 2 + 16;
+  static constexpr int Q_BYTES = ROWS * ROW_BYTES;
+  static constexpr int KV_BYTES = ST * BN * ROW_BYTES;
+  static constexpr int P_BYTES = ROWS * P_ROW;
+  static constexpr int RED_BYTES = NCOL * ROWS * 4; /* a row's max, then its sum, per column warp */
+  static constexpr int RS_BYTES = ST * BN * 4;      /* pool row of each slot, per stage */
+  static constexpr int SMEM = Q_BYTES + KV_BYTES + P_BYTES + RED_BYTES + RS_BYTES;
+  /* Two blocks an SM where shared memory allows it (sm_90), so that 128 registers a thread. */
+  static constexpr int MINB = 2;
+  static_assert(ROWS % 16 == 0 && WN % 8 == 0 && BN % 16 == 0 && BN <= NT, "tile shape");
+  static_assert(DK % 32 == 0 && DW % 16 == 0, "two 16-dim steps a K ldmatrix, 16 dims a V one");
+};
+
+/* MLA tile shape, fixed at build time (benchmark variants override it): 32 slots a stage, two
+ * stages, so that a 32-row block takes 111 KiB (two an SM on sm_90, one on sm_80's 164 KiB). */
+#ifndef FA2_MLA_BN
+#define FA2_MLA_BN 32
+#endif
+#ifndef FA2_MLA_ST
+#define FA2_MLA_ST 2
+#endif
+
+/* One work item: q heads h0 .. h0 + ROWS - 1 of query t of entry e over split sp. */
+template <int ROWS, int BN, int ST, typename T>
+__device__ __forceinline__ void fa2__mla_work(const fa2__args &a, const fattn__entry &e, uint32_t t, uint32_t h0,
+                                              uint32_t sp, bool split, char *smem) {
+  using C = fa2__mla_cfg<ROWS, BN, ST, T>;
+  const fattn__layer_params &l = a.l;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp / C::NCOL, wn = warp % C::NCOL, g = lane >> 2, c4 = lane & 3;
+  const uint32_t H = l.num_q_heads;
+  char *Qs = smem, *kv = smem + C::Q_BYTES;
+  char *Ps = kv + C::KV_BYTES;
+  float *red = (float *)(Ps + C::P_BYTES);
+  uint32_t *rs = (uint32_t *)((char *)red + C::RED_BYTES);
+
+  /* The slots this item sees: the split's, cut where the query's causal range ends (in DECODE
+   * the query is the last slot, so its range is the whole sequence). */
+  uint32_t kb = 0u, ke = e.kv_len;
+  if (split) { kb = sp * e.split_len; ke = min(kb + e.split_len, e.kv_len); }
+  ke = min(ke, e.kv_len - e.q_len + t + 1u);
+  const int nblk = ke > kb ? (int)((ke - kb + BN - 1) / BN) : 0;
+
+  const uint32_t psm = (1u << a.ps_shift) - 1u;
+  const int32_t *pt = l.page_table + (size_t)e.seq * l.pages_per_seq;
+  const char *pool = (const char *)l.k_pool;
+  auto word_of = [&](int blk, int r) -> uint32_t {
+    const uint32_t j = kb + (uint32_t)blk * BN + r;
+    return blk >= nblk || j >= ke ? 0u : (uint32_t)pt[j >> a.ps_shift];
+  };
+  auto pool_row = [&](int blk, int r, uint32_t word) -> uint32_t {
+    const uint32_t j = kb + (uint32_t)blk * BN + r;
+    return blk >= nblk || j >= ke ? UINT32_MAX : (word << a.ps_shift) + (j & psm);
+  };
+  /* Every group commits, empty or not, so that the loop's wait counts stay fixed. */
+  auto load = [&](int blk) {
+    if (blk < nblk)
+      fa2__rows<BN, C::CH, C::NT, C::ROW_BYTES, true, false, true>(kv + (blk % ST) * BN * C::ROW_BYTES, pool,
+                                                             (size_t)C::ROW_BYTES, rs + (blk % ST) * BN, tid, 0, BN);
+    fa2__commit();
+  };
+
+  /* Q rows, zeros for rows past the heads: they score 0 everywhere and are never written. */
+  const char *q = (const char *)a.q + (size_t)(e.q_start + t) * H * C::ROW_BYTES;
+  for (int ci = tid; ci < ROWS * C::CH; ci += C::NT) {
+    const int r = ci / C::CH, c = ci % C::CH;
+    const bool ok = h0 + r < H;
+    fa2__cp16(Qs + fa2__at<C::ROW_BYTES, true>(r, c), q + (ok ? (size_t)(h0 + r) * C::ROW_BYTES : 0u) + c * 16, ok);
+  }
+  for (int r = tid; r < ST * BN; r += C::NT) rs[r] = pool_row(r / BN, r % BN, word_of(r / BN, r % BN));
+  /* Page-table words two blocks before their use, as fa2__work loads them: a word loaded in the
+   * block that uses it stalls its warps for the miss. These are blocks ST and ST + 1's. */
+  uint32_t word1 = tid < BN ? word_of(ST, tid) : 0u, word2 = tid < BN ? word_of(ST + 1, tid) : 0u;
+  __syncthreads();
+#pragma unroll
+  for (int s = 0; s < ST - 1; s++) load(s); /* the first group carries Q too */
+
+  float o[C::NO][4];
+#pragma unroll
+  for (int i = 0; i < C::NO; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, ls[2] = {0.f, 0.f};
+  const int r0 = wm * 16 + g; /* this thread's rows: r0 and r0 + 8 */
+
+  for (int blk = 0; blk < nblk; blk++) {
+    fa2__wait<ST - 2>();
+    __syncthreads();
+    load(blk + ST - 1);
+    const uint32_t ahead = tid < BN ? pool_row(blk + ST, tid, word1) : 0u; /* stored after the math */
+    word1 = word2;
+    word2 = tid < BN ? word_of(blk + ST + 2, tid) : 0u;
+    const char *Kt = kv + (blk % ST) * BN * C::ROW_BYTES;
+    const uint32_t j0 = kb + (uint32_t)blk * BN;
+
+    /* S = Q K^T over all 576 dims, this warp's WN slots; one K ldmatrix holds two 16-dim steps
+     * of 8 slots. sc[nt][k]: slot nt * 8 + 2 c4 + (k & 1) of row r0 + 8 (k >> 1). */
+    float sc[C::NS][4];
+#pragma unroll
+    for (int i = 0; i < C::NS; i++) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.f;
+    /* Unrolled by 3 of 18, and P V's slot steps not at all: fully unrolled, ptxas issued every
+     * fragment load of the loop first and spilled 124 bytes at the 32-row tile's 128 registers. */
+#pragma unroll 3
+    for (int ks = 0; ks < C::DK / 16; ks += 2) {
+      uint32_t A0[4], A1[4];
+      fa2__ldm4(A0, Qs + fa2__at<C::ROW_BYTES, true>(wm * 16 + (lane & 15), 2 * ks + (lane >> 4)));
+      fa2__ldm4(A1, Qs + fa2__at<C::ROW_BYTES, true>(wm * 16 + (lane & 15), 2 * ks + 2 + (lane >> 4)));
+#pragma unroll
+      for (int nt = 0; nt < C::NS; nt++) {
+        uint32_t B[4];
+        fa2__ldm4(B, Kt + fa2__at<C::ROW_BYTES, true>(wn * C::WN + nt * 8 + (lane & 7), 2 * ks + (lane >> 3)));
+        fa2__mma<T>(sc[nt], A0, B);
+        fa2__mma<T>(sc[nt], A1, B + 2);
+      }
+    }
+
+    /* Scores to log2 units, the range end masked in the block that crosses it; each row's max
+     * over the block meets the other column warps' in shared memory, so every warp rescales
+     * its O slice by the same factor. */
+    const bool full = j0 + BN <= ke;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < C::NS; nt++)
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        float x = sc[nt][k] * a.sl2;
+        if (!full && j0 + wn * C::WN + nt * 8 + 2 * c4 + (k & 1) >= ke) x = -INFINITY;
+        sc[nt][k] = x;
+        mx[k >> 1] = fmaxf(mx[k >> 1], x);
+      }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      mx[h] = fa2__lanes_max<1, 2>(mx[h]);
+      if (c4 == 0) red[wn * ROWS + r0 + 8 * h] = mx[h];
+    }
+    __syncthreads();
+    float ms[2], al[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      float mn = m[h];
+#pragma unroll
+      for (int w = 0; w < C::NCOL; w++) mn = fmaxf(mn, red[w * ROWS + r0 + 8 * h]);
+      ms[h] = mn == -INFINITY ? 0.f : mn;
+      al[h] = fa2__exp2(m[h] - ms[h]);
+      m[h] = mn;
+      ls[h] *= al[h];
+    }
+    if (__any_sync(0xffffffffu, al[0] != 1.f || al[1] != 1.f)) {
+#pragma unroll
+      for (int i = 0; i < C::NO; i++)
+#pragma unroll
+        for (int k = 0; k < 4; k++) o[i][k] *= al[k >> 1];
+    }
+    /* P = exp2(s - max) to shared memory in T, each warp its slots, for every warp's P V. */
+#pragma unroll
+    for (int nt = 0; nt < C::NS; nt++)
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        const float p0 = fa2__exp2(sc[nt][2 * h] - ms[h]), p1 = fa2__exp2(sc[nt][2 * h + 1] - ms[h]);
+        ls[h] += p0 + p1;
+        *(uint32_t *)(Ps + (r0 + 8 * h) * C::P_ROW + (wn * C::WN + nt * 8 + 2 * c4) * 2) = fa2__pack<T>(p0, p1);
+      }
+    __syncthreads();
+
+    /* O[:, this warp's 128 dims] += P V: P as the A operand from shared memory, V (the stage's
+     * rows, first 512 dims) by transposed ldmatrix. */
+#pragma unroll 1
+    for (int kk = 0; kk < BN / 16; kk++) {
+      uint32_t A[4];
+      fa2__ldm4(A, Ps + (wm * 16 + (lane & 15)) * C::P_ROW + (kk * 16 + (lane >> 4) * 8) * 2);
+#pragma unroll
+      for (int dp = 0; dp < C::DW / 16; dp++) {
+        uint32_t B[4];
+        fa2__ldm4t(B, Kt + fa2__at<C::ROW_BYTES, true>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                                       wn * (C::DW / 8) + 2 * dp + (lane >> 4)));
+        fa2__mma<T>(o[2 * dp], A, B);
+        fa2__mma<T>(o[2 * dp + 1], A, B + 2);
+      }
+    }
+    if (tid < BN) rs[((blk + ST) % ST) * BN + tid] = ahead;
+  }
+  fa2__wait<0>();
+  __syncthreads(); /* every warp is past its last read of red and P */
+
+  /* The end: each row's sum over the column warps (in warp order, so every warp gets the same
+   * bits), then O / l and the LSE, or the split's partial O and LSE for the combine. A row that
+   * sees nothing gives O = 0 and LSE -inf. */
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const float lt = fa2__lanes_sum<1, 2>(ls[h]);
+    if (c4 == 0) red[wn * ROWS + r0 + 8 * h] = lt;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const uint32_t hq = h0 + r0 + 8 * h;
+    float L = 0.f;
+#pragma unroll
+    for (int w = 0; w < C::NCOL; w++) L += red[w * ROWS + r0 + 8 * h];
+    float lse2 = -INFINITY, inv = 0.f;
+    if (m[h] != -INFINITY) inv = fa2__sink_join<true>(m[h], L, -INFINITY, split ? 1.f : a.o_mul, lse2);
+    if (hq >= H) continue;
+    if (split) {
+      const size_t row = (size_t)(e.split_row + t * e.num_splits + sp) * H + hq;
+      float *dst = a.s.split_o + row * C::DV + wn * C::DW + 2 * c4;
+#pragma unroll
+      for (int i = 0; i < C::NO; i++) *(float2 *)(dst + i * 8) = make_float2(o[i][2 * h] * inv, o[i][2 * h + 1] * inv);
+      if (wn == 0 && c4 == 0) a.s.split_lse[row] = lse2 * FA2__LN2;
+    } else {
+      const size_t row = (size_t)(e.q_start + t) * H + hq;
+      T *dst = (T *)a.out + row * C::DV + wn * C::DW + 2 * c4;
+#pragma unroll
+      for (int i = 0; i < C::NO; i++) *(uint32_t *)(dst + i * 8) = fa2__pack<T>(o[i][2 * h] * inv, o[i][2 * h + 1] * inv);
+      if (a.lse && wn == 0 && c4 == 0) a.lse[row] = lse2 * FA2__LN2;
+    }
+  }
+  __syncthreads(); /* the next item's loads overwrite red */
+}
+
+/* Grid: x = (entry, group of ROWS q heads), y strides over splits, z over an entry's queries, so
+ * that any grid covers any step of its caps and an item's bytes never depend on the grid. */
+template <int ROWS, int BN, int ST, typename T>
+__global__ void __launch_bounds__(fa2__mla_cfg<ROWS, BN, ST, T>::NT, fa2__mla_cfg<ROWS, BN, ST, T>::MINB)
+    fa2__mla(const fa2__args a) {
+  /* Q and the fresh latent rows come from the kernels just before: every block waits first. */
+  fattn__pdl_wait();
+  extern __shared__ __align__(16) char smem[];
+  const uint32_t groups = (a.l.num_q_heads + ROWS - 1u) / ROWS;
+  const uint32_t ei = blockIdx.x / groups, h0 = blockIdx.x % groups * ROWS;
+  if (ei >= a.s.hdr->num_entries) return;
+  const fattn__entry e = a.s.entries[ei];
+  const uint32_t nsp = e.num_splits > 1u ? e.num_splits : 1u;
+  for (uint32_t t = blockIdx.z; t < e.q_len; t += gridDim.z)
+    for (uint32_t sp = blockIdx.y; sp < nsp; sp += gridDim.y)
+      fa2__mla_work<ROWS, BN, ST, T>(a, e, t, h0, sp, nsp > 1u, smem);
+}
+
+template <int ROWS, typename T>
+static int fa2__mla_go(const fa2__args *a, dim3 grid, cudaStream_t st) {
+  using C = fa2__mla_cfg<ROWS, FA2_MLA_BN, FA2_MLA_ST, T>;
+  auto k = fa2__mla<ROWS, FA2_MLA_BN, FA2_MLA_ST, T>;
+  static std::atomic<unsigned char> attr_set[FATTN__MAX_DEVICES]; /* per device */
+  const cudaError_t err = fattn__smem_attr(attr_set, k, C::SMEM);
+  if (err != cudaSuccess) return (int)err;
+  return (int)fattn__launch(k, grid, dim3(C::NT), C::SMEM, st, *a);
+}
+
+/* Four kernels: 16 or 32 rows (fattn__mla_rows) x bf16 or fp16. */
+int fa2__launch_mla(const fa2__args *a, dim3 grid, cudaStream_t st) {
+  const bool bf = a->l.q_dtype == FATTN_DTYPE_BF16;
+  if (fattn__mla_rows(a->l.num_q_heads) == 16u)
+    return bf ? fa2__mla_go<16, __nv_bfloat16>(a, grid, st) : fa2__mla_go<16, __half>(a, grid, st);
+  return bf ? fa2__mla_go<32, __nv_bfloat16>(a, grid, st) : fa2__mla_go<32, __half>(a, grid, st);
+}

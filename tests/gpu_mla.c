@@ -1,0 +1,223 @@
+/* gpu_mla.c: the MLA decode kernel (attn/fa2/fa2_mla.cu) and MLA's store_kv against the float64
+ * reference, on the fa2 sweep's case machinery (tests/gpu_fa2.c, with FATTN_TEST_MLA); a graph
+ * replay of MLA decode through the public API against its eager step. */
+#define FATTN_TEST_MLA 1
+#include "tests/gpu_fa2.c"
+
+static const uint32_t MLA_HEADS[5] = {8, 16, 32, 64, 128};
+static const uint32_t MLA_PAGES[4] = {1, 16, 64, 128};
+
+/* DECODE of absorbed MLA: 576-wide Q and latent rows (no V pool), 512-wide O. Lengths are drawn
+ * from 1, page - 1, page, page + 1, a random short one and up to 4097 (split-KV). */
+static cfg mla_cfg(uint32_t heads, uint32_t ps, uint32_t qt, uint32_t max_bs) {
+  cfg c = base_cfg(FATTN_MODE_DECODE, 576, 512, qt, qt, ps, heads, 1);
+  c.mla = 1;
+  c.max_bs = max_bs;
+  c.long_len = 4097;
+  c.budget = 600000;
+  return c;
+}
+
+/* New latent rows into their pages: the K row of 576, nothing for V (v is NULL). */
+START_TEST(mla_store_kv) {
+  int fails = 0;
+  for (int k = 0; k < 4; k++) {
+    const uint32_t qt = k & 1 ? FP : BF, ps = MLA_PAGES[k], d = 576;
+    fattn__layer_params l;
+    memset(&l, 0, sizeof l);
+    l.num_q_heads = 16; l.num_kv_heads = 1; l.head_dim = d; l.head_dim_v = 512; l.mla = 1; l.page_size = ps;
+    l.q_dtype = qt; l.kv_dtype = qt; l.k_scale = 1.f; l.v_scale = 1.f;
+    uint32_t bs = 1 + rnd(40), maxkv = 1;
+    fattn__entry *e = fattn_test_xmalloc(bs * sizeof *e);
+    for (uint32_t i = 0; i < bs; i++) {
+      memset(&e[i], 0, sizeof e[i]);
+      e[i].kv_len = 1 + rnd(700);
+      e[i].new_len = e[i].q_len = rnd(4) ? 1 : 0; /* decode: one new row, or none */
+      e[i].mask_row = UINT32_MAX;
+      e[i].seq = i;
+      if (e[i].kv_len > maxkv) maxkv = e[i].kv_len;
+    }
+    fattn__step_hdr h;
+    memset(&h, 0, sizeof h);
+    h.mode = FATTN_MODE_DECODE; h.num_entries = bs; h.decode_groups = 1; h.causal = 1;
+    h.max_splits = 1; h.target_ctas = 1;
+    fattn__prep(&h, e);
+    l.pages_per_seq = (maxkv + ps - 1) / ps;
+    l.num_pages = bs * l.pages_per_seq;
+    const size_t pt_n = (size_t)bs * l.pages_per_seq, kn = (size_t)l.num_pages * ps * d, nk = (size_t)h.num_new_tokens * d;
+    int32_t *pt = fattn_test_xmalloc(pt_n * 4);
+    for (size_t i = 0; i < pt_n; i++) pt[i] = (int32_t)(pt_n - 1 - i); /* pages in reverse */
+    void *dk = dalloc(kn * 2), *dnk = dalloc(nk * 2 + 16);
+    int32_t *dpt = dalloc(pt_n * 4);
+    fattn__step_hdr *dh = dalloc(sizeof h);
+    fattn__entry *de = dalloc(bs * sizeof *e);
+    const uint64_t seed = rng_next();
+    CK(fattn_test_gpu_randn(dk, kn, qt, 1.f, seed));
+    CK(fattn_test_gpu_randn(dnk, nk, qt, 2.f, seed + 1));
+    CK(cudaMemcpy(dpt, pt, pt_n * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dh, &h, sizeof h, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(de, e, bs * sizeof *e, cudaMemcpyHostToDevice));
+    void *hk = fattn_test_xmalloc(kn * 2), *hnk = fattn_test_xmalloc(nk * 2 + 16), *gk = fattn_test_xmalloc(kn * 2);
+    CK(cudaMemcpy(hk, dk, kn * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hnk, dnk, nk * 2, cudaMemcpyDeviceToHost));
+    fattn__layer_params dl = l;
+    dl.k_pool = dk; dl.page_table = dpt;
+    fattn__step_params ds;
+    memset(&ds, 0, sizeof ds);
+    ds.mode = FATTN_MODE_DECODE; ds.hdr = dh; ds.entries = de; ds.cap_entries = bs;
+    ds.cap_new_tokens = h.num_new_tokens + 5; /* blocks past the rows exit */
+    if (h.num_new_tokens) CK(fattn__fa2_store_kv(dl, ds, dnk, NULL, NULL));
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(gk, dk, kn * 2, cudaMemcpyDeviceToHost));
+    fattn__layer_params hl = l;
+    hl.k_pool = hk; hl.page_table = pt;
+    fattn__step_params hs = ds;
+    hs.hdr = &h; hs.entries = e;
+    if (h.num_new_tokens) fattn__ref_store_kv(hl, hs, hnk, NULL);
+    const int ok = memcmp(gk, hk, kn * 2) == 0;
+    printf("mla store_kv %s page%u: %u entries, %u rows, bytes %s\n", dname(qt), ps, bs, h.num_new_tokens,
+           ok ? "equal" : "DIFFER");
+    fails += !ok;
+    cudaFree(dk); cudaFree(dnk); cudaFree(dpt); cudaFree(dh); cudaFree(de);
+    free(hk); free(hnk); free(gk); free(pt); free(e);
+  }
+  ck_assert_int_eq(fails, 0);
+}
+END_TEST
+
+/* Every head count (16- and 32-row tiles, 1 to 4 head groups) on every page size, bf16 and fp16
+ * in turn, batches up to 64; each case's split steps run again under wide caps, whose bytes
+ * must equal the first run's (a graph bucket's padding changes only the caps). */
+START_TEST(mla_decode) {
+  const int f0 = total_fail;
+  for (int h = 0; h < 5; h++)
+    for (int p = 0; p < 4; p++) {
+      cfg c = mla_cfg(MLA_HEADS[h], MLA_PAGES[p], (h + p) % 2 ? FP : BF, 64);
+      group(&c, 2, " mla");
+    }
+  ck_assert_int_eq(total_fail - f0, 0);
+}
+END_TEST
+
+/* One sequence over up to 4097 slots: the most splits (up to 32, rows of more than 4 splits
+ * through the combine's shared-memory merges), at 16 and at 128 heads. */
+START_TEST(mla_decode_long) {
+  const int f0 = total_fail;
+  for (int k = 0; k < 4; k++) {
+    cfg c = mla_cfg(k < 2 ? 16 : 128, MLA_PAGES[1 + k % 3], k % 2 ? FP : BF, 1);
+    group(&c, 3, " mla long");
+  }
+  ck_assert_int_eq(total_fail - f0, 0);
+}
+END_TEST
+
+/* Through the public API: a DeepSeek-V3-like context (128 heads, 2 layers) runs DECODE on FA2,
+ * refuses PREFILL naming it, and a graph replay of random decode steps (lengths up to 4097, so
+ * split-KV and the combine) gives the eager step's O and LSE bit for bit, padding rows zero. */
+enum { MLA_LAYERS = 2, MLA_HQ = 128, MLA_DK = 576, MLA_DV = 512, MLA_MAXB = 16 };
+
+typedef struct mla_rig {
+  fattn_ctx *ctx;
+  void *q, *k, *out; /* [MLA_MAXB, heads, d] in bf16 */
+  float *lse;
+} mla_rig;
+
+static void mla_layers(void *user, void *stream) {
+  mla_rig *r = user;
+  for (uint32_t l = 0; l < MLA_LAYERS; l++) {
+    fattn_store_kv(r->ctx, l, r->k, NULL, stream); /* MLA: the latent row alone */
+    fattn_attend(r->ctx, l, r->q, r->out, r->lse, stream);
+  }
+}
+
+START_TEST(mla_graph_replay_equals_eager) {
+  fattn_config c;
+  fattn_model m;
+  fattn_test_small(&c, &m);
+  m.num_layers = MLA_LAYERS, m.num_q_heads = MLA_HQ, m.num_kv_heads = 1, m.head_dim = MLA_DK, m.head_dim_v = MLA_DV;
+  m.mla_latent_dim = 512, m.mla_rope_dim = 64;
+  c.device = 0;
+  c.page_size = 64;
+  c.kv_budget_pages = 1200;
+  c.max_batch = MLA_MAXB;
+  c.max_seqs = MLA_MAXB;
+  c.max_seq_len = 4200;
+  c.max_q_tokens = MLA_MAXB;
+  c.graph_modes = 1u << FATTN_MODE_DECODE;
+  mla_rig r;
+  char why[256];
+  ck_assert_msg(fattn_create(&c, &m, &r.ctx, why, sizeof why) == FATTN_OK, "%s", why);
+  ck_assert_int_eq(fattn_ctx_backend(r.ctx, FATTN_MODE_DECODE), FATTN_BACKEND_FA2);
+  ck_assert_int_eq(fattn_ctx_backend(r.ctx, FATTN_MODE_PREFILL), FATTN_BACKEND_AUTO);
+  uint32_t ids[MLA_MAXB], plen = 10;
+  ck_assert_ok(fattn_seq_open(r.ctx, &ids[0]));
+  ck_assert_ok(fattn_seq_reserve(r.ctx, ids[0], plen));
+  fattn_batch pre = FATTN_BATCH_INIT;
+  pre.mode = FATTN_MODE_PREFILL, pre.num_seqs = 1, pre.seq_ids = ids, pre.q_lens = &plen;
+  ck_assert_int_eq(fattn_plan(r.ctx, &pre, NULL), FATTN_ERR_UNSUPPORTED);
+  ck_assert_msg(strstr(fattn_detail(r.ctx), "PREFILL"), "detail '%s'", fattn_detail(r.ctx));
+  ck_assert_ok(fattn_seq_close(r.ctx, ids[0]));
+
+  const size_t qn = (size_t)MLA_MAXB * MLA_HQ * MLA_DK, on = (size_t)MLA_MAXB * MLA_HQ * MLA_DV;
+  const size_t ln = (size_t)MLA_MAXB * MLA_HQ;
+  r.q = dalloc(qn * 2), r.k = dalloc((size_t)MLA_MAXB * MLA_DK * 2), r.out = dalloc(on * 2), r.lse = dalloc(ln * 4);
+  for (uint32_t b = 1; b <= MLA_MAXB; b++)
+    ck_assert_msg(fattn_graph_capture(r.ctx, FATTN_MODE_DECODE, b, mla_layers, &r) == FATTN_OK, "%s", fattn_detail(r.ctx));
+  uint16_t *eager = fattn_test_xmalloc(on * 2), *graph = fattn_test_xmalloc(on * 2);
+  float *eager_lse = fattn_test_xmalloc(ln * 4), *graph_lse = fattn_test_xmalloc(ln * 4);
+  for (int rep = 0; rep < 12; rep++) {
+    const uint32_t bs = 1 + rnd(MLA_MAXB);
+    for (uint32_t i = 0; i < bs; i++) {
+      ck_assert_ok(fattn_seq_open(r.ctx, &ids[i]));
+      ck_assert_ok(fattn_seq_reserve(r.ctx, ids[i], rnd(3) ? 1 + rnd(4097) : 4097));
+    }
+    fattn_batch b = FATTN_BATCH_INIT;
+    b.num_seqs = bs, b.seq_ids = ids;
+    const uint64_t seed = rng_next();
+    CK(fattn_test_gpu_randn(r.q, qn, BF, 1.5f, seed));
+    CK(fattn_test_gpu_randn(r.k, (size_t)MLA_MAXB * MLA_DK, BF, 1.0f, seed + 1));
+    CK(fattn_test_gpu_nan(r.out, on, BF));
+    CK(fattn_test_gpu_nan(r.lse, ln, 0));
+    CK(cudaDeviceSynchronize());
+    ck_assert_msg(fattn_plan(r.ctx, &b, NULL) == FATTN_OK, "%s", fattn_detail(r.ctx));
+    mla_layers(&r, NULL);
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(eager, r.out, on * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(eager_lse, r.lse, ln * 4, cudaMemcpyDeviceToHost));
+    CK(fattn_test_gpu_nan(r.out, on, BF));
+    CK(fattn_test_gpu_nan(r.lse, ln, 0));
+    CK(cudaDeviceSynchronize());
+    ck_assert_msg(fattn_graph_launch(r.ctx, &b, NULL) == FATTN_OK, "%s", fattn_detail(r.ctx));
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(graph, r.out, on * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(graph_lse, r.lse, ln * 4, cudaMemcpyDeviceToHost));
+    uint32_t bucket = 0; /* the default buckets up to 16: 1, 2, 4, 8, 12, 16 */
+    while (bucket < bs) bucket = bucket < 2 ? bucket + 1 : bucket < 8 ? bucket * 2 : bucket + 4;
+    const size_t live = (size_t)bs * MLA_HQ;
+    ck_assert_msg(memcmp(eager, graph, live * MLA_DV * 2) == 0, "rep %d (bs %u): O differs", rep, bs);
+    ck_assert_msg(memcmp(eager_lse, graph_lse, live * 4) == 0, "rep %d (bs %u): LSE differs", rep, bs);
+    ck_assert_uint_eq(fattn_test_count_nan(eager, live * MLA_DV, BF), 0);
+    for (size_t i = 0; i < live; i++) ck_assert_msg(isfinite(eager_lse[i]), "rep %d: row %zu LSE %g", rep, i, (double)eager_lse[i]);
+    for (size_t i = live * MLA_DV; i < (size_t)bucket * MLA_HQ * MLA_DV; i++)
+      ck_assert_msg(graph[i] == 0, "rep %d: padding element %zu is 0x%04x", rep, i, graph[i]);
+    for (uint32_t i = 0; i < bs; i++) ck_assert_ok(fattn_seq_close(r.ctx, ids[i]));
+  }
+  ck_assert_ok(fattn_check(r.ctx));
+  ck_assert_ok(fattn_destroy(r.ctx, 1));
+  cudaFree(r.q), cudaFree(r.k), cudaFree(r.out), cudaFree(r.lse);
+  free(eager), free(graph), free(eager_lse), free(graph_lse);
+}
+END_TEST
+
+START_TEST(mla_totals) {
+  printf("mla totals: %d groups, %d failed cases, %d split steps run again under wide caps (%d with four-warp "
+         "rows)\n", total_groups, total_fail, wide_runs, wide_shared);
+  ck_assert_int_eq(total_fail, 0);
+  if (total_groups) /* the groups ran in this process */
+    ck_assert_msg(wide_shared > 0, "%d split steps ran under wide caps, none with four-warp rows of more than 4 splits",
+                  wide_runs);
+}
+END_TEST
+
+FATTN_SUITE("gpu_mla", FATTN_TEST_GPU, mla_store_kv, mla_decode, mla_decode_long, mla_graph_replay_equals_eager,
+            mla_totals)
