@@ -181,6 +181,11 @@ FATTN__HD uint32_t fattn__wave_splits(uint32_t per_entry, uint32_t wave, uint32_
   return best;
 }
 
+/* The modes whose steps may split their KV: the decode-like ones. */
+FATTN__HD int fattn__mode_splits(uint32_t mode) {
+  return mode == FATTN_MODE_DECODE || mode == FATTN_MODE_TARGET_VERIFY || mode == FATTN_MODE_DRAFT_DECODE;
+}
+
 /* Split policy, identical on host and device. Decode-like modes split long KV so that
  * num_entries * decode_groups * splits reaches target_ctas, in splits of FATTN__SPLIT_MIN_KV or
  * more, or of FATTN__SPLIT_MIN_KV_SHORT where those would not give every SM a block;
@@ -188,8 +193,7 @@ FATTN__HD uint32_t fattn__wave_splits(uint32_t per_entry, uint32_t wave, uint32_
 FATTN__HD uint32_t fattn__splits_for(const fattn__step_hdr *h, uint32_t kv_len, uint32_t q_len,
                                       uint32_t *align) {
   *align = FATTN__SPLIT_ALIGN;
-  if (h->mode != FATTN_MODE_DECODE && h->mode != FATTN_MODE_TARGET_VERIFY && h->mode != FATTN_MODE_DRAFT_DECODE)
-    return 1u;
+  if (!fattn__mode_splits(h->mode)) return 1u;
   uint32_t per_entry = (h->num_live ? h->num_live : h->num_entries) * h->decode_groups;
   if (per_entry == 0u) return 1u;
   uint32_t want = fattn__ceil_div(h->target_ctas, per_entry);

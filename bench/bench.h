@@ -15,6 +15,7 @@ int fattn_bench_plan(int argc, char **argv); /* host time of fattn_plan */
 int fattn_bench_serve(int argc, char **argv); /* the serving-step benchmark */
 int fattn_bench_decode(int argc, char **argv); /* decode attention vs a pure-read roofline */
 int fattn_bench_prefill(int argc, char **argv); /* prefill attention, FA3 paper shapes */
+int fattn_bench_mla(int argc, char **argv);     /* MLA decode, DeepSeek-V3 shapes */
 int fattn_bench_copies(int argc, char **argv); /* tools/copies.cu: paged KV copy paths */
 int fattn_bench_steps(void);                 /* real steps on the CPU backend vs a dense check */
 

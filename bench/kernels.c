@@ -1,5 +1,5 @@
-/* kernels.c: `fattn-bench decode` and `fattn-bench prefill`. Times fattn_attend on paged KV
- * filled with random data, beside a pure-read kernel over the same pages (the roofline). */
+/* kernels.c: `fattn-bench decode`, `prefill` and `mla`. Times fattn_attend on paged KV filled
+ * with random data, beside a pure-read kernel over the same pages (the roofline). */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdlib.h>
@@ -21,7 +21,17 @@ typedef struct kshape {
   uint32_t bs, q_len, kv_len, page, hq, hkv, d;
   fattn_dtype kv_dtype;
   const uint32_t *lens; /* a varlen prefill: entry i's q_len = kv_len = lens[i] (q_len, kv_len: the longest) */
+  int mla;              /* absorbed MLA: hkv 1, d the latent row (576), O 512 wide, no V pool */
 } kshape;
+
+/* DeepSeek-V3's absorbed MLA: a latent row of 512 (V) and 64 rope dims (K is the 576). */
+#define MLA_LATENT 512u
+#define MLA_ROPE 64u
+
+/* What one timed shape gave: attend's and the pure read's medians, and the work they did. */
+typedef struct kresult {
+  double ms, read_ms, bytes, flops;
+} kresult;
 
 /* `prefill --backend fa2|fa3`: the prefill-side backend every context of the run uses. */
 static fattn_backend prefill_backend = FATTN_BACKEND_AUTO;
@@ -58,6 +68,7 @@ static fattn_ctx *make_ctx(const kshape *k, uint32_t *ids) {
   fattn_config c = FATTN_CONFIG_INIT;
   fattn_model m = FATTN_MODEL_INIT;
   m.num_layers = 1, m.num_q_heads = k->hq, m.num_kv_heads = k->hkv, m.head_dim = k->d;
+  if (k->mla) m.mla_latent_dim = MLA_LATENT, m.mla_rope_dim = k->d - MLA_LATENT;
   c.device = 0;
   c.kv_dtype = k->kv_dtype;
   c.prefill_backend = prefill_backend;
@@ -81,7 +92,8 @@ static fattn_ctx *make_ctx(const kshape *k, uint32_t *ids) {
     }
   fattn__layer_params l = fattn__layer_params_for(ctx, 0);
   size_t n = (size_t)l.num_pages * l.page_size * l.num_kv_heads * l.head_dim;
-  if (fattn_test_gpu_randn(l.k_pool, n, k->kv_dtype, 1.0f, 11) || fattn_test_gpu_randn(l.v_pool, n, k->kv_dtype, 1.0f, 12))
+  if (fattn_test_gpu_randn(l.k_pool, n, k->kv_dtype, 1.0f, 11) ||
+      (l.v_pool && fattn_test_gpu_randn(l.v_pool, n, k->kv_dtype, 1.0f, 12)))
     fail("fill", "cuRAND");
   return ctx;
 }
@@ -117,8 +129,9 @@ static double time_it(fattn_ctx *ctx, int which, const void *q, void *out, uint3
   return fattn_bench_median(t, 21);
 }
 
-static void run_shape(const kshape *k, FILE *csv) {
-  if (roofline_ring && (k->d != 128 || k->kv_dtype == FATTN_DTYPE_FP8_E4M3)) return; /* the ring's shapes only */
+static kresult run_shape(const kshape *k, FILE *csv) {
+  kresult res = {0, 0, 0, 0};
+  if (roofline_ring && (k->d != 128 || k->kv_dtype == FATTN_DTYPE_FP8_E4M3)) return res; /* the ring's shapes only */
   uint32_t *ids = malloc(k->bs * sizeof *ids), *q_lens = malloc(k->bs * sizeof *q_lens);
   fattn_ctx *ctx = make_ctx(k, ids);
   uint32_t qn = 0;
@@ -133,17 +146,18 @@ static void run_shape(const kshape *k, FILE *csv) {
   b.mode = k->mode, b.num_seqs = k->bs, b.seq_ids = ids, b.q_lens = q_lens;
   void *q, *out;
   float *sink;
+  const uint32_t dv = k->mla ? MLA_LATENT : k->d;
   cudaMalloc(&q, (size_t)qn * k->hq * k->d * 2);
-  cudaMalloc(&out, (size_t)qn * k->hq * k->d * 2);
+  cudaMalloc(&out, (size_t)qn * k->hq * dv * 2);
   cudaMalloc((void **)&sink, 1 << 20);
   fattn_test_gpu_randn(q, (size_t)qn * k->hq * k->d, FATTN_DTYPE_BF16, 1.0f, 13);
   if (fattn_plan(ctx, &b, NULL)) fail("fattn_plan", fattn_detail(ctx));
   double mhz, read_mhz;
   double ms = time_it(ctx, 0, q, out, k->bs, sink, &mhz), read_ms = time_it(ctx, 1, q, out, k->bs, sink, &read_mhz);
   double elem = k->kv_dtype == FATTN_DTYPE_FP8_E4M3 ? 1 : 2;
-  double bytes = (double)k->bs * k->kv_len * k->hkv * k->d * 2 * elem;
-  double flops = 4.0 * k->hq * seen * k->d;
-  const char *mode = k->mode == FATTN_MODE_DECODE ? "decode" : k->mode == FATTN_MODE_TARGET_VERIFY ? "verify"
+  const double bytes = (double)k->bs * k->kv_len * k->hkv * (k->d + (k->mla ? 0u : dv)) * elem; /* MLA: V is K's head */
+  const double flops = 2.0 * k->hq * seen * (k->d + dv);
+  const char *mode = k->mla ? "mla" : k->mode == FATTN_MODE_DECODE ? "decode" : k->mode == FATTN_MODE_TARGET_VERIFY ? "verify"
                      : k->lens ? "varlen" : k->mode == FATTN_MODE_PREFILL ? "causal" : "noncausal";
   const char *dt = k->kv_dtype == FATTN_DTYPE_FP8_E4M3 ? "fp8" : "bf16";
   printf("%-9s %4u %6u %6u %4u %3u/%-2u %4u %-4s %9.4f %8.1f %8.1f %6.3f %8.1f %5.0f/%-4.0f\n", mode, k->bs, k->q_len,
@@ -155,6 +169,8 @@ static void run_shape(const kshape *k, FILE *csv) {
   cudaFree(q), cudaFree(out), cudaFree(sink);
   fattn_destroy(ctx, 1);
   free(ids), free(q_lens);
+  res.ms = ms, res.read_ms = read_ms, res.bytes = bytes, res.flops = flops;
+  return res;
 }
 
 static void header(void) {
@@ -190,16 +206,16 @@ int fattn_bench_decode(int argc, char **argv) {
   }
   if (!fattn_bench_has_gpu()) fail("fattn-bench decode", "needs a CUDA device");
   static const kshape shapes[] = {
-      {FATTN_MODE_DECODE, 64, 1, 4096, 16, 32, 8, 128, FATTN_DTYPE_BF16, NULL},
-      {FATTN_MODE_DECODE, 64, 1, 4096, 128, 32, 8, 128, FATTN_DTYPE_BF16, NULL},
-      {FATTN_MODE_DECODE, 128, 1, 8192, 16, 32, 8, 128, FATTN_DTYPE_BF16, NULL},
-      {FATTN_MODE_DECODE, 128, 1, 8192, 128, 32, 8, 128, FATTN_DTYPE_BF16, NULL},
-      {FATTN_MODE_DECODE, 1, 1, 32768, 16, 32, 8, 128, FATTN_DTYPE_BF16, NULL},
-      {FATTN_MODE_DECODE, 1, 1, 32768, 128, 32, 8, 128, FATTN_DTYPE_BF16, NULL},
-      {FATTN_MODE_DECODE, 64, 1, 4096, 1, 32, 8, 128, FATTN_DTYPE_BF16, NULL},
-      {FATTN_MODE_DECODE, 64, 1, 4096, 16, 32, 8, 128, FATTN_DTYPE_FP8_E4M3, NULL},
-      {FATTN_MODE_DECODE, 128, 1, 8192, 16, 32, 8, 128, FATTN_DTYPE_FP8_E4M3, NULL},
-      {FATTN_MODE_TARGET_VERIFY, 64, 8, 4096, 16, 32, 8, 128, FATTN_DTYPE_BF16, NULL},
+      {FATTN_MODE_DECODE, 64, 1, 4096, 16, 32, 8, 128, FATTN_DTYPE_BF16, NULL, 0},
+      {FATTN_MODE_DECODE, 64, 1, 4096, 128, 32, 8, 128, FATTN_DTYPE_BF16, NULL, 0},
+      {FATTN_MODE_DECODE, 128, 1, 8192, 16, 32, 8, 128, FATTN_DTYPE_BF16, NULL, 0},
+      {FATTN_MODE_DECODE, 128, 1, 8192, 128, 32, 8, 128, FATTN_DTYPE_BF16, NULL, 0},
+      {FATTN_MODE_DECODE, 1, 1, 32768, 16, 32, 8, 128, FATTN_DTYPE_BF16, NULL, 0},
+      {FATTN_MODE_DECODE, 1, 1, 32768, 128, 32, 8, 128, FATTN_DTYPE_BF16, NULL, 0},
+      {FATTN_MODE_DECODE, 64, 1, 4096, 1, 32, 8, 128, FATTN_DTYPE_BF16, NULL, 0},
+      {FATTN_MODE_DECODE, 64, 1, 4096, 16, 32, 8, 128, FATTN_DTYPE_FP8_E4M3, NULL, 0},
+      {FATTN_MODE_DECODE, 128, 1, 8192, 16, 32, 8, 128, FATTN_DTYPE_FP8_E4M3, NULL, 0},
+      {FATTN_MODE_TARGET_VERIFY, 64, 8, 4096, 16, 32, 8, 128, FATTN_DTYPE_BF16, NULL, 0},
   };
   FILE *csv = fopen("build/decode.csv", "w");
   if (!csv) fail("build/decode.csv", "cannot write");
@@ -227,7 +243,7 @@ static void serve_rows(FILE *csv) {
       for (int qi = 0; qi < 3; qi++)
         for (int xi = 0; xi < 3; xi++) {
           kshape k = {FATTN_MODE_PREFILL, bss[bi], qs[qi], prefixes[xi] + qs[qi], pages[pi], 32, 8, 128, FATTN_DTYPE_BF16,
-                      NULL};
+                      NULL, 0};
           run_shape(&k, csv);
         }
   uint32_t lens[16], longest = 0, seed = 12345u;
@@ -237,7 +253,7 @@ static void serve_rows(FILE *csv) {
     longest = lens[i] > longest ? lens[i] : longest;
   }
   for (int pi = 0; pi < 2; pi++) {
-    kshape k = {FATTN_MODE_PREFILL, 16, longest, longest, pages[pi], 32, 8, 128, FATTN_DTYPE_BF16, lens};
+    kshape k = {FATTN_MODE_PREFILL, 16, longest, longest, pages[pi], 32, 8, 128, FATTN_DTYPE_BF16, lens, 0};
     run_shape(&k, csv);
   }
 }
@@ -275,17 +291,60 @@ int fattn_bench_prefill(int argc, char **argv) {
         if (only_d && (dims[di] != only_d || lens[li] != only_seq || causal != (int)(only_causal == 1))) continue;
         uint32_t len = lens[li], h = 2048 / dims[di];
         kshape k = {causal ? FATTN_MODE_PREFILL : FATTN_MODE_CROSS, 16384 / len, len, len, 128, h, h, dims[di],
-                    FATTN_DTYPE_BF16, NULL};
+                    FATTN_DTYPE_BF16, NULL, 0};
         run_shape(&k, csv);
       }
   static const uint32_t pages[3] = {16, 64, 256};
   for (int p = 0; p < 3 && paper && !only_d; p++) {
-    kshape k = {FATTN_MODE_CROSS, 2, 8192, 8192, pages[p], 16, 16, 128, FATTN_DTYPE_BF16, NULL};
+    kshape k = {FATTN_MODE_CROSS, 2, 8192, 8192, pages[p], 16, 16, 128, FATTN_DTYPE_BF16, NULL, 0};
     run_shape(&k, csv);
   }
-  kshape ext = {FATTN_MODE_PREFILL, 8, 512, 8192 + 512, 128, 32, 8, 128, FATTN_DTYPE_BF16, NULL};
+  kshape ext = {FATTN_MODE_PREFILL, 8, 512, 8192 + 512, 128, 32, 8, 128, FATTN_DTYPE_BF16, NULL, 0};
   if (paper && !only_d) run_shape(&ext, csv);
   if (serve) serve_rows(csv);
+  fclose(csv);
+  printf("csv: %s\n", path);
+  return 0;
+}
+
+/* DeepSeek-V3 absorbed MLA decode: heads 128 (one GPU) and 16 (a tensor-parallel shard), bs 1 to
+ * 128, contexts 1k to 64k, q_len 1 (DECODE) and 2 (TARGET_VERIFY of one MTP draft), page 64,
+ * bf16 latent; beside the pure read of the same latent pages.
+ * TFLOP/s counts 2 (576 + 512) FLOPs a q head and slot. Options: --csv PATH (default
+ * build/mla.csv, the columns bench/peers/peers.py mla reads), --heads N, --bs N (those rows). */
+int fattn_bench_mla(int argc, char **argv) {
+  const char *path = "build/mla.csv";
+  unsigned only_heads = 0;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (strcmp(argv[i], "--csv") == 0) path = argv[i + 1];
+    else if (!((strcmp(argv[i], "--heads") == 0 && sscanf(argv[i + 1], "%u", &only_heads) == 1) ||
+               (strcmp(argv[i], "--bs") == 0 && sscanf(argv[i + 1], "%u", &only_bs) == 1)))
+      fail("fattn-bench mla", "options: --csv PATH, --heads N, --bs N");
+  }
+  if (!fattn_bench_has_gpu()) fail("fattn-bench mla", "needs a CUDA device");
+  FILE *csv = fopen(path, "w");
+  if (!csv) fail(path, "cannot write");
+  fprintf(csv, "heads,bs,ctx,q_len,page,kv_dtype,ms,gbs,tflops,roof_gbs\n");
+  printf("fattn MLA decode (DeepSeek-V3 absorbed: latent %u + rope %u, one latent head), page 64, bf16, median of 21;"
+         " GB/s of latent read, read = pure-read kernel over the same pages; GPU timing\n"
+         "not run here: the fp8 latent, which MLA on the GPU lacks so far\n",
+         MLA_LATENT, MLA_ROPE);
+  header();
+  static const uint32_t heads[2] = {128, 16}, bss[4] = {1, 16, 64, 128}, ctxs[4] = {1024, 4096, 16384, 65536};
+  for (int hi = 0; hi < 2; hi++)
+    for (int bi = 0; bi < 4; bi++)
+      for (int ci = 0; ci < 4; ci++)
+        for (uint32_t ql = 1; ql <= 2; ql++) {
+          if ((only_heads && heads[hi] != only_heads) || (only_bs && bss[bi] != only_bs)) continue;
+          const fattn_mode mode = ql == 1 ? FATTN_MODE_DECODE : FATTN_MODE_TARGET_VERIFY;
+          const kshape k = {mode, bss[bi], ql, ctxs[ci], 64, heads[hi], 1, MLA_LATENT + MLA_ROPE, FATTN_DTYPE_BF16, NULL, 1};
+          FILE *sink_csv = tmpfile(); /* run_shape's own columns; this table's are below */
+          if (!sink_csv) fail("tmpfile", "cannot create");
+          const kresult r = run_shape(&k, sink_csv);
+          fclose(sink_csv);
+          fprintf(csv, "%u,%u,%u,%u,64,bf16,%.6f,%.2f,%.2f,%.2f\n", k.hq, k.bs, k.kv_len, ql, r.ms, r.bytes / r.ms / 1e6,
+                  r.flops / r.ms / 1e9, r.bytes / r.read_ms / 1e6);
+        }
   fclose(csv);
   printf("csv: %s\n", path);
   return 0;

@@ -62,6 +62,7 @@ static void usage(void) {
           "  serve             the serving-step benchmark (prefill, decode eager/graph, speculative round)\n"
           "  decode            decode attention against a pure-read roofline (GPU)\n"
           "  prefill           prefill attention, the FA3 paper's shapes (GPU)\n"
+          "  mla               MLA decode, DeepSeek-V3 shapes, against a pure-read roofline (GPU)\n"
           "measurement lab (tools/):\n"
           "  copies            copy paths of paged KV into shared memory against whole-page reads (sm_90)\n");
 }
@@ -76,6 +77,7 @@ int main(int argc, char **argv) {
   if (strcmp(argv[1], "serve") == 0) return fattn_bench_serve(argc - 1, argv + 1);
   if (strcmp(argv[1], "decode") == 0) return fattn_bench_decode(argc - 1, argv + 1);
   if (strcmp(argv[1], "prefill") == 0) return fattn_bench_prefill(argc - 1, argv + 1);
+  if (strcmp(argv[1], "mla") == 0) return fattn_bench_mla(argc - 1, argv + 1);
   if (strcmp(argv[1], "copies") == 0) return fattn_bench_copies(argc - 1, argv + 1);
   usage();
   return 2;

@@ -19,7 +19,7 @@ __global__ void read_pages_kernel(fattn__layer_params l, fattn__step_params s, u
   const uint4 *v = (const uint4 *)((const char *)l.v_pool + (uint64_t)page * l.page_size * row);
   uint32_t n = (uint32_t)(tokens * row / 16), acc = 0;
   for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
-    uint4 a = __ldg(k + i), b = __ldg(v + i);
+    uint4 a = __ldg(k + i), b = l.v_pool ? __ldg(v + i) : make_uint4(0u, 0u, 0u, 0u); /* MLA: no V pool */
     acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w;
   }
   if (acc == 0x9e3779b9u) sink[threadIdx.x] = (float)acc; // never true in practice; keeps the loads

@@ -191,13 +191,13 @@ static const char *mode_name(uint32_t mode) {
 }
 
 fattn_status fattn__mla_mode_check(fattn_backend backend, uint32_t mode, char *detail, size_t detail_len) {
-  if (backend == FATTN_BACKEND_CPU || (backend == FATTN_BACKEND_FA2 && mode == FATTN_MODE_DECODE)) return FATTN_OK;
+  if (backend == FATTN_BACKEND_CPU || (backend == FATTN_BACKEND_FA2 && mode != FATTN_MODE_CROSS)) return FATTN_OK;
   if (backend == FATTN_BACKEND_FA3)
     return fattn__failbuf(detail, detail_len, FATTN_ERR_UNSUPPORTED,
-                          "MLA mode %s: FA3 has no MLA kernel yet (FA2 runs MLA in DECODE)", mode_name(mode));
+                          "MLA mode %s: FA3 has no MLA kernel yet (FA2 runs MLA in every mode but CROSS)",
+                          mode_name(mode));
   return fattn__failbuf(detail, detail_len, FATTN_ERR_UNSUPPORTED,
-                        "MLA mode %s: not supported on the GPU yet (FA2 runs MLA in DECODE only; the CPU "
-                        "backend runs every mode)",
+                        "MLA mode %s: no GPU kernel (an MLA model has no encoder; the CPU backend runs it)",
                         mode_name(mode));
 }
 

@@ -1,5 +1,6 @@
-/* gpu_graph.c: CUDA graphs for DECODE, DRAFT_DECODE, TARGET_VERIFY and DRAFT_EXTEND. Replay
- * equals eager execution bit for bit; plan + launch make no forbidden call; bad captures fail. */
+/* gpu_graph.c: CUDA graphs for DECODE, DRAFT_DECODE, TARGET_VERIFY and DRAFT_EXTEND, GQA and
+ * MLA. Replay equals eager execution bit for bit; plan + launch make no forbidden call; bad
+ * captures fail. */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdlib.h>
@@ -11,7 +12,16 @@
 
 enum { LAYERS = 2, HQ = 8, HKV = 2, D = 128, MAXB = 16, TOPK = 2, DRAFT = 4, CAP = 128 };
 
+/* A rig's model: GQA at d 128 (every test), or DeepSeek-V3's absorbed MLA over 16 heads (a
+ * tensor-parallel shard: one latent head, K the 576-wide latent row, O 512 wide, no V). */
+typedef struct shape {
+  uint32_t hq, hkv, d, dv;
+  int mla;
+} shape;
+static const shape GQA_SHAPE = {HQ, HKV, D, D, 0}, MLA_SHAPE = {16, 1, 576, 512, 1};
+
 typedef struct rig {
+  const shape *sh;
   fattn_ctx *ctx;
   cudaStream_t stream;
   void *q, *k, *v, *out; /* [cap, heads, D] bf16 */
@@ -25,7 +35,7 @@ static char detail[256];
 static void layers(void *user, void *stream) {
   rig *r = user;
   for (uint32_t l = 0; l < LAYERS; l++) {
-    fattn_store_kv(r->ctx, l, r->k, r->v, stream);
+    fattn_store_kv(r->ctx, l, r->k, r->sh->mla ? NULL : r->v, stream);
     fattn_attend(r->ctx, l, r->q, r->out, r->lse, stream);
   }
   if (r->sync_inside) cudaStreamSynchronize((cudaStream_t)stream);
@@ -49,11 +59,13 @@ static void layers_late(void *user, void *stream) {
 }
 
 /* Every graph mode for batches up to maxb and cap query tokens; sinks [LAYERS][HQ] or NULL. */
-static void rig_config(fattn_config *cp, fattn_model *mp, uint32_t maxb, uint32_t cap, const float *sinks) {
+static void rig_config(const shape *sh, fattn_config *cp, fattn_model *mp, uint32_t maxb, uint32_t cap,
+                       const float *sinks) {
   fattn_config c;
   fattn_model m;
   fattn_test_small(&c, &m);
-  m.num_layers = LAYERS, m.num_q_heads = HQ, m.num_kv_heads = HKV, m.head_dim = D;
+  m.num_layers = LAYERS, m.num_q_heads = sh->hq, m.num_kv_heads = sh->hkv, m.head_dim = sh->d, m.head_dim_v = sh->dv;
+  if (sh->mla) m.mla_latent_dim = sh->dv, m.mla_rope_dim = sh->d - sh->dv;
   m.sinks = sinks;
   c.device = 0;
   c.page_size = 16;
@@ -69,18 +81,22 @@ static void rig_config(fattn_config *cp, fattn_model *mp, uint32_t maxb, uint32_
 }
 
 /* A context of rig_config and buffers of cap query tokens. */
-static void open_rig(rig *r, uint32_t maxb, uint32_t cap, const float *sinks) {
+static void open_rig_shape(rig *r, const shape *sh, uint32_t maxb, uint32_t cap, const float *sinks) {
   memset(r, 0, sizeof *r);
+  r->sh = sh;
   fattn_config c;
   fattn_model m;
-  rig_config(&c, &m, maxb, cap, sinks);
+  rig_config(sh, &c, &m, maxb, cap, sinks);
   ck_assert_msg(fattn_create(&c, &m, &r->ctx, detail, sizeof detail) == FATTN_OK, "%s", detail);
   ck_assert_int_eq(cudaStreamCreateWithFlags(&r->stream, cudaStreamNonBlocking), cudaSuccess);
-  ck_assert_int_eq(cudaMalloc(&r->q, (size_t)cap * HQ * D * 2), cudaSuccess);
-  ck_assert_int_eq(cudaMalloc(&r->out, (size_t)cap * HQ * D * 2), cudaSuccess);
-  ck_assert_int_eq(cudaMalloc(&r->k, (size_t)cap * HKV * D * 2), cudaSuccess);
-  ck_assert_int_eq(cudaMalloc(&r->v, (size_t)cap * HKV * D * 2), cudaSuccess);
-  ck_assert_int_eq(cudaMalloc((void **)&r->lse, (size_t)cap * HQ * 4), cudaSuccess);
+  ck_assert_int_eq(cudaMalloc(&r->q, (size_t)cap * sh->hq * sh->d * 2), cudaSuccess);
+  ck_assert_int_eq(cudaMalloc(&r->out, (size_t)cap * sh->hq * sh->dv * 2), cudaSuccess);
+  ck_assert_int_eq(cudaMalloc(&r->k, (size_t)cap * sh->hkv * sh->d * 2), cudaSuccess);
+  ck_assert_int_eq(cudaMalloc(&r->v, (size_t)cap * sh->hkv * sh->dv * 2), cudaSuccess);
+  ck_assert_int_eq(cudaMalloc((void **)&r->lse, (size_t)cap * sh->hq * 4), cudaSuccess);
+}
+static void open_rig(rig *r, uint32_t maxb, uint32_t cap, const float *sinks) {
+  open_rig_shape(r, &GQA_SHAPE, maxb, cap, sinks);
 }
 
 static void close_rig(rig *r) {
@@ -129,25 +145,28 @@ static uint32_t make_batch(rig *r, fattn_mode mode, uint64_t *seed, fattn_batch 
 
 static void read_out(rig *r, uint16_t *out, float *lse, uint32_t tokens) {
   ck_assert_int_eq(cudaStreamSynchronize(r->stream), cudaSuccess);
-  ck_assert_int_eq(cudaMemcpy(out, r->out, (size_t)tokens * HQ * D * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-  ck_assert_int_eq(cudaMemcpy(lse, r->lse, (size_t)tokens * HQ * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  ck_assert_int_eq(cudaMemcpy(out, r->out, (size_t)tokens * r->sh->hq * r->sh->dv * 2, cudaMemcpyDeviceToHost),
+                   cudaSuccess);
+  ck_assert_int_eq(cudaMemcpy(lse, r->lse, (size_t)tokens * r->sh->hq * 4, cudaMemcpyDeviceToHost), cudaSuccess);
 }
 
-/* reps replays a mode with random batch sizes and lengths from seed, on a rig whose heads take
- * the sinks sink4[h % 4] (NULL: none): graph output and LSE equal eager bit for bit, padding
- * rows come out as zeros, plan + launch make no forbidden call, every LSE is finite (every row
- * sees its own slot), and a head whose sink is 150 above every score (N(0, 1) data at d 128:
- * scores within a few units of 0) has LSE 150 and O 0: its sink's term would overflow float
- * against the row's max. */
-static void replay_every_mode(const float *sink4, uint64_t seed, int reps) {
+/* reps replays a mode with random batch sizes and lengths from seed, on a rig of shape sh whose
+ * heads take the sinks sink4[h % 4] (NULL: none): graph output and LSE equal eager bit for bit,
+ * padding rows come out as zeros, plan + launch make no forbidden call, every LSE is finite
+ * (every row sees its own slot), and a head whose sink is 150 above every score (N(0, 1) data at
+ * d 128: scores within a few units of 0) has LSE 150 and O 0: its sink's term would overflow
+ * float against the row's max. */
+static void replay_every_mode(const shape *sh, const float *sink4, uint64_t seed, int reps) {
   float sinks[LAYERS * HQ];
   for (uint32_t i = 0; sink4 && i < LAYERS * HQ; i++) sinks[i] = sink4[i % 4];
+  ck_assert(!sink4 || sh->hq == HQ);
   rig r;
-  open_rig(&r, MAXB, CAP, sink4 ? sinks : NULL);
+  open_rig_shape(&r, sh, MAXB, CAP, sink4 ? sinks : NULL);
   const fattn_mode modes[4] = {FATTN_MODE_DECODE, FATTN_MODE_DRAFT_DECODE, FATTN_MODE_TARGET_VERIFY,
                                FATTN_MODE_DRAFT_EXTEND};
-  static uint16_t eager[CAP * HQ * D], graph[CAP * HQ * D];
-  static float eager_lse[CAP * HQ], graph_lse[CAP * HQ];
+  const size_t rows = (size_t)CAP * sh->hq, on = rows * sh->dv; /* O rows and elements of the buffers */
+  uint16_t *eager = fattn_test_xmalloc(on * 2), *graph = fattn_test_xmalloc(on * 2);
+  float *eager_lse = fattn_test_xmalloc(rows * 4), *graph_lse = fattn_test_xmalloc(rows * 4);
   long forbidden = 0;
   for (int m = 0; m < 4; m++) {
     for (uint32_t b = 1; b <= MAXB; b++) ck_assert_msg(fattn_graph_capture(r.ctx, modes[m], b, layers, &r) == FATTN_OK, "%s", fattn_detail(r.ctx));
@@ -155,17 +174,18 @@ static void replay_every_mode(const float *sink4, uint64_t seed, int reps) {
       uint32_t ids[128], q[64], opened;
       uint64_t mask[MAXB * DRAFT];
       fattn_batch b;
-      uint32_t tokens = make_batch(&r, modes[m], &seed, &b, ids, q, mask, &opened);
-      ck_assert_int_eq(fattn_test_gpu_randn(r.q, (size_t)CAP * HQ * D, FATTN_DTYPE_BF16, 1.0f, seed), 0);
-      ck_assert_int_eq(fattn_test_gpu_randn(r.k, (size_t)CAP * HKV * D, FATTN_DTYPE_BF16, 1.0f, seed + 1), 0);
-      ck_assert_int_eq(fattn_test_gpu_randn(r.v, (size_t)CAP * HKV * D, FATTN_DTYPE_BF16, 1.0f, seed + 2), 0);
-      ck_assert_int_eq(fattn_test_gpu_nan(r.out, (size_t)CAP * HQ * D, FATTN_DTYPE_BF16), 0);
+      const uint32_t tokens = make_batch(&r, modes[m], &seed, &b, ids, q, mask, &opened);
+      const size_t live = (size_t)tokens * sh->hq;
+      ck_assert_int_eq(fattn_test_gpu_randn(r.q, rows * sh->d, FATTN_DTYPE_BF16, 1.0f, seed), 0);
+      ck_assert_int_eq(fattn_test_gpu_randn(r.k, (size_t)CAP * sh->hkv * sh->d, FATTN_DTYPE_BF16, 1.0f, seed + 1), 0);
+      ck_assert_int_eq(fattn_test_gpu_randn(r.v, (size_t)CAP * sh->hkv * sh->dv, FATTN_DTYPE_BF16, 1.0f, seed + 2), 0);
+      ck_assert_int_eq(fattn_test_gpu_nan(r.out, on, FATTN_DTYPE_BF16), 0);
       ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
       ck_assert_msg(fattn_plan(r.ctx, &b, r.stream) == FATTN_OK, "%s", fattn_detail(r.ctx));
       layers(&r, r.stream);
       read_out(&r, eager, eager_lse, tokens);
-      ck_assert_int_eq(fattn_test_gpu_nan(r.out, (size_t)CAP * HQ * D, FATTN_DTYPE_BF16), 0);
-      ck_assert_int_eq(fattn_test_gpu_nan(r.lse, (size_t)CAP * HQ, 0), 0);
+      ck_assert_int_eq(fattn_test_gpu_nan(r.out, on, FATTN_DTYPE_BF16), 0);
+      ck_assert_int_eq(fattn_test_gpu_nan(r.lse, rows, 0), 0);
       ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
       fattn_calls_reset();
       fattn_status st = fattn_graph_launch(r.ctx, &b, r.stream);
@@ -178,22 +198,22 @@ static void replay_every_mode(const float *sink4, uint64_t seed, int reps) {
       uint32_t bucket_tokens = bucket * per;
       if (modes[m] == FATTN_MODE_DRAFT_EXTEND) bucket_tokens = tokens + (bucket - b.num_seqs) * per;
       read_out(&r, graph, graph_lse, bucket_tokens);
-      ck_assert_msg(memcmp(eager, graph, (size_t)tokens * HQ * D * 2) == 0, "mode %d rep %d: O differs", modes[m], rep);
-      ck_assert_msg(memcmp(eager_lse, graph_lse, (size_t)tokens * HQ * 4) == 0, "mode %d rep %d: LSE differs", modes[m], rep);
-      ck_assert_uint_eq(fattn_test_count_nan(eager, (size_t)tokens * HQ * D, FATTN_DTYPE_BF16), 0);
-      for (size_t i = (size_t)tokens * HQ * D; i < (size_t)bucket_tokens * HQ * D; i++)
+      ck_assert_msg(memcmp(eager, graph, live * sh->dv * 2) == 0, "mode %d rep %d: O differs", modes[m], rep);
+      ck_assert_msg(memcmp(eager_lse, graph_lse, live * 4) == 0, "mode %d rep %d: LSE differs", modes[m], rep);
+      ck_assert_uint_eq(fattn_test_count_nan(eager, live * sh->dv, FATTN_DTYPE_BF16), 0);
+      for (size_t i = live * sh->dv; i < (size_t)bucket_tokens * sh->hq * sh->dv; i++)
         ck_assert_msg(graph[i] == 0, "mode %d: padding row element %zu is 0x%04x, not 0", modes[m], i, graph[i]);
-      for (uint32_t i = 0; i < tokens * HQ; i++) {
+      for (uint32_t i = 0; i < live; i++) {
         const float sink = sink4 ? sink4[i % 4] : -INFINITY;
         ck_assert_msg(isfinite(eager_lse[i]), "mode %d rep %d: row %u (sink %g) has LSE %g", modes[m], rep, i,
                       (double)sink, (double)eager_lse[i]);
         if (sink != 150.0f) continue;
         ck_assert_msg(fabsf(eager_lse[i] - 150.0f) <= 1e-3f, "mode %d rep %d: row %u has LSE %g under a sink of 150",
                       modes[m], rep, i, (double)eager_lse[i]);
-        for (uint32_t c = 0; c < D; c++)
-          ck_assert_msg(fabsf(fattn__bf16_to_f32(eager[(size_t)i * D + c])) <= 1e-6f,
+        for (uint32_t c = 0; c < sh->dv; c++)
+          ck_assert_msg(fabsf(fattn__bf16_to_f32(eager[(size_t)i * sh->dv + c])) <= 1e-6f,
                         "mode %d rep %d: row %u under a sink of 150 has O[%u] = %g", modes[m], rep, i, c,
-                        (double)fattn__bf16_to_f32(eager[(size_t)i * D + c]));
+                        (double)fattn__bf16_to_f32(eager[(size_t)i * sh->dv + c]));
       }
       for (uint32_t i = 0; i < opened; i++) ck_assert_ok(fattn_seq_close(r.ctx, ids[64 + i]));
     }
@@ -201,17 +221,23 @@ static void replay_every_mode(const float *sink4, uint64_t seed, int reps) {
   ck_assert_int_eq(forbidden, 0);
   ck_assert_ok(fattn_check(r.ctx));
   close_rig(&r);
+  free(eager), free(graph), free(eager_lse), free(graph_lse);
 }
 
 /* 200 replays a mode (4 under FATTN_TEST_QUICK), no sinks. */
-START_TEST(replay_equals_eager_every_mode) { replay_every_mode(NULL, 7, getenv("FATTN_TEST_QUICK") ? 4 : 200); }
+START_TEST(replay_equals_eager_every_mode) { replay_every_mode(&GQA_SHAPE, NULL, 7, getenv("FATTN_TEST_QUICK") ? 4 : 200); }
+END_TEST
+
+/* The same for MLA (attn/fa2/fa2_mla.cu: packed rows of one or two queries, split-KV and the
+ * combine in DECODE, DRAFT_DECODE and TARGET_VERIFY, tree masks), 24 replays a mode. */
+START_TEST(mla_replay_equals_eager_every_mode) { replay_every_mode(&MLA_SHAPE, NULL, 29, getenv("FATTN_TEST_QUICK") ? 2 : 24); }
 END_TEST
 
 /* Sinks 150 above every score, 150 below, none and 0, heads 0-3 and again 4-7 of both layers,
  * 16 replays a mode (2 under FATTN_TEST_QUICK). */
 START_TEST(sinks_far_from_scores_replay) {
   static const float SINK[4] = {150.0f, -150.0f, -INFINITY, 0.0f};
-  replay_every_mode(SINK, 19, getenv("FATTN_TEST_QUICK") ? 2 : 16);
+  replay_every_mode(&GQA_SHAPE, SINK, 19, getenv("FATTN_TEST_QUICK") ? 2 : 16);
 }
 END_TEST
 
@@ -433,7 +459,7 @@ START_TEST(capture_every_default_bucket) {
   ck_assert_int_eq(captured, 4 * 36);
   fattn_config c;
   fattn_model mo;
-  rig_config(&c, &mo, 256, 256 * (DRAFT + 1), NULL);
+  rig_config(&GQA_SHAPE, &c, &mo, 256, 256 * (DRAFT + 1), NULL);
   fattn_memory_report rep = FATTN_MEMORY_REPORT_INIT;
   ck_assert_msg(fattn_memory_plan(&c, &mo, &rep, detail, sizeof detail) == FATTN_OK, "%s", detail);
   for (int m = 0; m < 4; m++) ck_assert_msg(rep.graph_bytes_per_mode[modes[m]] > 0, "mode %d: no graph bytes", modes[m]);
@@ -442,6 +468,7 @@ START_TEST(capture_every_default_bucket) {
 }
 END_TEST
 
-FATTN_SUITE("gpu_graph", FATTN_TEST_GPU, replay_equals_eager_every_mode, capture_that_syncs_or_allocates_fails,
+FATTN_SUITE("gpu_graph", FATTN_TEST_GPU, replay_equals_eager_every_mode, mla_replay_equals_eager_every_mode,
+            capture_that_syncs_or_allocates_fails,
             back_to_back_replays_share_a_mailbox, next_kernel_sees_the_whole_output,
             inputs_written_late_by_a_released_kernel, capture_every_default_bucket, sinks_far_from_scores_replay)

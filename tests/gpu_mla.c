@@ -1,21 +1,24 @@
-/* gpu_mla.c: the MLA decode kernel (attn/fa2/fa2_mla.cu) and MLA's store_kv against the float64
- * reference, on the fa2 sweep's case machinery (tests/gpu_fa2.c, with FATTN_TEST_MLA); a graph
- * replay of MLA decode through the public API against its eager step. */
+/* gpu_mla.c: the MLA kernel (attn/fa2/fa2_mla.cu) in every mode and MLA's store_kv against the
+ * float64 reference, on the fa2 sweep's case machinery (tests/gpu_fa2.c, with FATTN_TEST_MLA);
+ * graph replays of MLA's decode-side modes through the public API against their eager steps. */
 #define FATTN_TEST_MLA 1
 #include "tests/gpu_fa2.c"
 
 static const uint32_t MLA_HEADS[5] = {8, 16, 32, 64, 128};
 static const uint32_t MLA_PAGES[4] = {1, 16, 64, 128};
 
-/* DECODE of absorbed MLA: 576-wide Q and latent rows (no V pool), 512-wide O. Lengths are drawn
- * from 1, page - 1, page, page + 1, a random short one and up to 4097 (split-KV). */
-static cfg mla_cfg(uint32_t heads, uint32_t ps, uint32_t qt, uint32_t max_bs) {
-  cfg c = base_cfg(FATTN_MODE_DECODE, 576, 512, qt, qt, ps, heads, 1);
+/* Absorbed MLA: 576-wide Q and latent rows (no V pool), 512-wide O. Lengths are drawn from 1,
+ * page - 1, page, page + 1, a random short one and up to 4097 (split-KV in the decode modes). */
+static cfg mla_cfg_mode(uint32_t mode, uint32_t heads, uint32_t ps, uint32_t qt, uint32_t max_bs) {
+  cfg c = base_cfg(mode, 576, 512, qt, qt, ps, heads, 1);
   c.mla = 1;
   c.max_bs = max_bs;
   c.long_len = 4097;
   c.budget = 600000;
   return c;
+}
+static cfg mla_cfg(uint32_t heads, uint32_t ps, uint32_t qt, uint32_t max_bs) {
+  return mla_cfg_mode(FATTN_MODE_DECODE, heads, ps, qt, max_bs);
 }
 
 /* New latent rows into their pages: the K row of 576, nothing for V (v is NULL). */
@@ -107,6 +110,27 @@ START_TEST(mla_decode_long) {
     cfg c = mla_cfg(k < 2 ? 16 : 128, MLA_PAGES[1 + k % 3], k % 2 ? FP : BF, 1);
     group(&c, 3, " mla long");
   }
+  ck_assert_int_eq(total_fail - f0, 0);
+}
+END_TEST
+
+/* The other modes, whose entries hold several queries: packed rows (a tile holds two queries
+ * at 8 heads), per-row causal limits, verify's tree masks (and chains) with split-KV, draft
+ * extend and prefill over prefixes; at 8, 16 and 128 heads, on pages 1, 16 and 64. */
+START_TEST(mla_modes) {
+  const int f0 = total_fail;
+  static const struct { uint32_t mode; int tree; const char *tag; } M[5] = {
+      {FATTN_MODE_DRAFT_DECODE, 0, " mla draft decode"}, {FATTN_MODE_TARGET_VERIFY, 1, " mla verify tree"},
+      {FATTN_MODE_TARGET_VERIFY, 0, " mla verify chain"}, {FATTN_MODE_DRAFT_EXTEND, 0, " mla draft extend"},
+      {FATTN_MODE_PREFILL, 0, " mla prefill"}};
+  static const uint32_t heads[3] = {8, 16, 128}, pages[3] = {1, 16, 64};
+  for (int k = 0; k < 5; k++)
+    for (int h = 0; h < 3; h++) {
+      cfg c = mla_cfg_mode(M[k].mode, heads[h], pages[(k + h) % 3], (k + h) % 2 ? FP : BF, 16);
+      c.tree = M[k].tree;
+      if (M[k].mode == FATTN_MODE_PREFILL) c.long_len = 300, c.max_bs = 4;
+      group(&c, 2, M[k].tag);
+    }
   ck_assert_int_eq(total_fail - f0, 0);
 }
 END_TEST
@@ -219,5 +243,5 @@ START_TEST(mla_totals) {
 }
 END_TEST
 
-FATTN_SUITE("gpu_mla", FATTN_TEST_GPU, mla_store_kv, mla_decode, mla_decode_long, mla_graph_replay_equals_eager,
-            mla_totals)
+FATTN_SUITE("gpu_mla", FATTN_TEST_GPU, mla_store_kv, mla_decode, mla_decode_long, mla_modes,
+            mla_graph_replay_equals_eager, mla_totals)

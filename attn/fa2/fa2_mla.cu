@@ -1,9 +1,10 @@
-/* fa2_mla.cu: the portable MLA decode kernel (absorbed DeepSeek-V3 attention: one latent row of
- * 576 a slot is K, its first 512 dims are V, shared by every q head) and its launcher. */
+/* fa2_mla.cu: the portable MLA kernel (absorbed DeepSeek-V3 attention: one latent row of 576 a
+ * slot is K, its first 512 dims are V, shared by every q head) for every mode, and its launcher. */
 #include "attn/fa2/fa2.h"
 
-/* Tile of the MLA decode kernel. A block takes ROWS q heads of one query (16-row slabs, MW of
- * them) against one split of the entry's KV, BN slots a stage, ST stages. Warps are (slab wm,
+/* Tile of the MLA kernel. A block takes ROWS packed rows of an entry (row R is q head R % H of
+ * query R / H, so a tile holds the heads of one query, or at 8 heads those of two) in 16-row
+ * slabs, MW of them, against one split of the entry's KV, BN slots a stage, ST stages. Warps are (slab wm,
  * column wn) with NCOL column warps a slab: for S = Q K^T a warp takes its slab's rows against
  * BN / NCOL slots of the stage; for O += P V it takes the slab's rows against all BN slots and
  * owns DV / NCOL = 128 dims of O, so O (ROWS x 512 fp32) lives in registers split over the
@@ -43,10 +44,10 @@ struct fa2__mla_cfg {
 #define FA2_MLA_ST 2
 #endif
 
-/* One work item: q heads h0 .. h0 + ROWS - 1 of query t of entry e over split sp. */
+/* One work item: packed rows R0 .. R0 + ROWS - 1 of entry e over split sp. */
 template <int ROWS, int BN, int ST, typename T>
-__device__ __forceinline__ void fa2__mla_work(const fa2__args &a, const fattn__entry &e, uint32_t t, uint32_t h0,
-                                              uint32_t sp, bool split, char *smem) {
+__device__ __forceinline__ void fa2__mla_work(const fa2__args &a, const fattn__entry &e, int causal, bool tree,
+                                              uint32_t R0, uint32_t sp, bool split, char *smem) {
   using C = fa2__mla_cfg<ROWS, BN, ST, T>;
   const fattn__layer_params &l = a.l;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -57,11 +58,13 @@ __device__ __forceinline__ void fa2__mla_work(const fa2__args &a, const fattn__e
   float *red = (float *)(Ps + C::P_BYTES);
   uint32_t *rs = (uint32_t *)((char *)red + C::RED_BYTES);
 
-  /* The slots this item sees: the split's, cut where the query's causal range ends (in DECODE
-   * the query is the last slot, so its range is the whole sequence). */
-  uint32_t kb = 0u, ke = e.kv_len;
-  if (split) { kb = sp * e.split_len; ke = min(kb + e.split_len, e.kv_len); }
-  ke = min(ke, e.kv_len - e.q_len + t + 1u);
+  /* The slots this item sees: the union of its queries' ranges within the split; in
+   * [lo_f, hif) every row sees every slot, elsewhere each row is masked (causality, the tree). */
+  const uint32_t total = e.q_len * H, Rend = min(R0 + (uint32_t)ROWS, total), prefix = e.kv_len - e.q_len;
+  const fattn__kv_range rr = fattn__rows_range(&l, causal, tree, e.q_len, e.kv_len, R0 / H, (Rend - 1u) / H);
+  uint32_t s_lo = 0u, s_hi = e.kv_len;
+  if (split) { s_lo = sp * e.split_len; s_hi = min(s_lo + e.split_len, e.kv_len); }
+  const uint32_t kb = max(rr.lo_any, s_lo), ke = min(rr.hi_any, s_hi), lo_f = rr.lo_all, hif = min(rr.hi_all, ke);
   const int nblk = ke > kb ? (int)((ke - kb + BN - 1) / BN) : 0;
 
   const uint32_t psm = (1u << a.ps_shift) - 1u;
@@ -83,12 +86,13 @@ __device__ __forceinline__ void fa2__mla_work(const fa2__args &a, const fattn__e
     fa2__commit();
   };
 
-  /* Q rows, zeros for rows past the heads: they score 0 everywhere and are never written. */
-  const char *q = (const char *)a.q + (size_t)(e.q_start + t) * H * C::ROW_BYTES;
+  /* Q rows ([tokens, heads, 576]: packed row R is the entry's R-th row of 576), zeros past the
+   * entry's rows: they score 0 everywhere and are never written. */
+  const char *q = (const char *)a.q + (size_t)e.q_start * H * C::ROW_BYTES;
   for (int ci = tid; ci < ROWS * C::CH; ci += C::NT) {
     const int r = ci / C::CH, c = ci % C::CH;
-    const bool ok = h0 + r < H;
-    fa2__cp16(Qs + fa2__at<C::ROW_BYTES, true>(r, c), q + (ok ? (size_t)(h0 + r) * C::ROW_BYTES : 0u) + c * 16, ok);
+    const bool ok = R0 + r < Rend;
+    fa2__cp16(Qs + fa2__at<C::ROW_BYTES, true>(r, c), q + (ok ? (size_t)(R0 + r) * C::ROW_BYTES : 0u) + c * 16, ok);
   }
   for (int r = tid; r < ST * BN; r += C::NT) rs[r] = pool_row(r / BN, r % BN, word_of(r / BN, r % BN));
   /* Page-table words two blocks before their use, as fa2__work loads them: a word loaded in the
@@ -103,6 +107,14 @@ __device__ __forceinline__ void fa2__mla_work(const fa2__args &a, const fattn__e
   for (int i = 0; i < C::NO; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, ls[2] = {0.f, 0.f};
   const int r0 = wm * 16 + g; /* this thread's rows: r0 and r0 + 8 */
+  uint32_t qp[2]; /* their queries' slots, and tree-mask rows, for the masked blocks */
+  const uint64_t *mr[2];
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const uint32_t t = min(R0 + (uint32_t)(r0 + 8 * h), total - 1u) / H;
+    qp[h] = prefix + t;
+    mr[h] = tree ? a.s.mask + e.mask_row + t : nullptr;
+  }
 
   for (int blk = 0; blk < nblk; blk++) {
     fa2__wait<ST - 2>();
@@ -135,17 +147,20 @@ __device__ __forceinline__ void fa2__mla_work(const fa2__args &a, const fattn__e
       }
     }
 
-    /* Scores to log2 units, the range end masked in the block that crosses it; each row's max
-     * over the block meets the other column warps' in shared memory, so every warp rescales
-     * its O slice by the same factor. */
-    const bool full = j0 + BN <= ke;
+    /* Scores to log2 units, masked in the blocks that leave [lo_f, hif); each row's max over
+     * the block meets the other column warps' in shared memory, so every warp rescales its O
+     * slice by the same factor. */
+    const bool full = j0 >= lo_f && j0 + BN <= hif;
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nt = 0; nt < C::NS; nt++)
 #pragma unroll
       for (int k = 0; k < 4; k++) {
         float x = sc[nt][k] * a.sl2;
-        if (!full && j0 + wn * C::WN + nt * 8 + 2 * c4 + (k & 1) >= ke) x = -INFINITY;
+        const uint32_t j = j0 + wn * C::WN + nt * 8 + 2 * c4 + (k & 1);
+        if (!full && !(j < ke && ((j >= lo_f && j < hif) ||
+                                  fa2__vis(l, causal, tree, mr[k >> 1], prefix, qp[k >> 1], j))))
+          x = -INFINITY;
         sc[nt][k] = x;
         mx[k >> 1] = fmaxf(mx[k >> 1], x);
       }
@@ -214,13 +229,13 @@ __device__ __forceinline__ void fa2__mla_work(const fa2__args &a, const fattn__e
   __syncthreads();
 #pragma unroll
   for (int h = 0; h < 2; h++) {
-    const uint32_t hq = h0 + r0 + 8 * h;
+    const uint32_t R = R0 + r0 + 8 * h, t = R / H, hq = R % H;
     float L = 0.f;
 #pragma unroll
     for (int w = 0; w < C::NCOL; w++) L += red[w * ROWS + r0 + 8 * h];
     float lse2 = -INFINITY, inv = 0.f;
     if (m[h] != -INFINITY) inv = fa2__sink_join<true>(m[h], L, -INFINITY, split ? 1.f : a.o_mul, lse2);
-    if (hq >= H) continue;
+    if (R >= Rend) continue;
     if (split) {
       const size_t row = (size_t)(e.split_row + t * e.num_splits + sp) * H + hq;
       float *dst = a.s.split_o + row * C::DV + wn * C::DW + 2 * c4;
@@ -228,7 +243,7 @@ __device__ __forceinline__ void fa2__mla_work(const fa2__args &a, const fattn__e
       for (int i = 0; i < C::NO; i++) *(float2 *)(dst + i * 8) = make_float2(o[i][2 * h] * inv, o[i][2 * h + 1] * inv);
       if (wn == 0 && c4 == 0) a.s.split_lse[row] = lse2 * FA2__LN2;
     } else {
-      const size_t row = (size_t)(e.q_start + t) * H + hq;
+      const size_t row = (size_t)e.q_start * H + R;
       T *dst = (T *)a.out + row * C::DV + wn * C::DW + 2 * c4;
 #pragma unroll
       for (int i = 0; i < C::NO; i++) *(uint32_t *)(dst + i * 8) = fa2__pack<T>(o[i][2 * h] * inv, o[i][2 * h + 1] * inv);
@@ -238,22 +253,26 @@ __device__ __forceinline__ void fa2__mla_work(const fa2__args &a, const fattn__e
   __syncthreads(); /* the next item's loads overwrite red */
 }
 
-/* Grid: x = (entry, group of ROWS q heads), y strides over splits, z over an entry's queries, so
- * that any grid covers any step of its caps and an item's bytes never depend on the grid. */
+/* Grid: x = (entry, group g of the header's decode_groups), y strides over splits, z over the
+ * entry's row tiles g, g + groups, ..., so that any grid covers any step of its caps and an
+ * item's bytes never depend on the grid. */
 template <int ROWS, int BN, int ST, typename T>
 __global__ void __launch_bounds__(fa2__mla_cfg<ROWS, BN, ST, T>::NT, fa2__mla_cfg<ROWS, BN, ST, T>::MINB)
     fa2__mla(const fa2__args a) {
   /* Q and the fresh latent rows come from the kernels just before: every block waits first. */
   fattn__pdl_wait();
   extern __shared__ __align__(16) char smem[];
-  const uint32_t groups = (a.l.num_q_heads + ROWS - 1u) / ROWS;
-  const uint32_t ei = blockIdx.x / groups, h0 = blockIdx.x % groups * ROWS;
-  if (ei >= a.s.hdr->num_entries) return;
+  const fattn__step_hdr *hdr = a.s.hdr;
+  const uint32_t groups = fattn__decode_groups(1, a.l.num_q_heads, 1u);
+  const uint32_t ei = blockIdx.x / groups, gi = blockIdx.x % groups;
+  if (ei >= hdr->num_entries) return;
   const fattn__entry e = a.s.entries[ei];
-  const uint32_t nsp = e.num_splits > 1u ? e.num_splits : 1u;
-  for (uint32_t t = blockIdx.z; t < e.q_len; t += gridDim.z)
+  const int causal = (int)hdr->causal;
+  const bool tree = hdr->mode == FATTN_MODE_TARGET_VERIFY && e.mask_row != UINT32_MAX && a.s.mask;
+  const uint32_t nsp = e.num_splits > 1u ? e.num_splits : 1u, tiles = fattn__ceil_div(e.q_len * a.l.num_q_heads, ROWS);
+  for (uint32_t rt = gi + groups * blockIdx.z; rt < tiles; rt += groups * gridDim.z)
     for (uint32_t sp = blockIdx.y; sp < nsp; sp += gridDim.y)
-      fa2__mla_work<ROWS, BN, ST, T>(a, e, t, h0, sp, nsp > 1u, smem);
+      fa2__mla_work<ROWS, BN, ST, T>(a, e, causal, tree, rt * ROWS, sp, nsp > 1u, smem);
 }
 
 template <int ROWS, typename T>
