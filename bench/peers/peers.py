@@ -1,8 +1,12 @@
 # peers.py: times peer attention (PyTorch SDPA's cuDNN and FlashAttention-2 backends,
 # FlexAttention, and FlashAttention-3 / -4 and FlashInfer's paged prefill where their wheels
 # are installed) on the shapes of `fattn-bench decode` / `prefill`, on the GPU machine only.
-# Usage: python3 bench/peers/peers.py [decode|prefill|serve|all] [--timing gpu|host]  (reads build/*.csv
+# Usage: python3 bench/peers/peers.py [decode|prefill|serve|mla|all] [--timing gpu|host]  (reads build/*.csv
 # for ratios); `peers.py one cudnn|fa2|FA3|FA4 D SEQ CAUSAL` runs one prefill shape (for ncu).
+# `peers.py mla` times FlashInfer's absorbed-MLA decode (BatchMLAPagedAttentionWrapper, backend auto: fa3
+# on SM90) on DeepSeek-V3 shapes (heads 128 / 16, latent 512 + rope 64, page 64, bf16, q_len 1 and 2)
+# against build/mla.csv; not part of `all`. Without network or JIT time, install FlashInfer 0.5.3 from
+# .gpu/fi (INSTALL.sh: its wheels and the prebuilt sm_90a MLA modules) first.
 # Timing as fattn-bench's: gpu (default) queues each timed call behind a ~200 us spin
 # (torch.cuda._sleep), so that the events time the GPU's work and not PyTorch's host path;
 # host times it from an idle GPU.
@@ -257,6 +261,89 @@ def serve():
           f"fattn128 {fmt(r[128])} {ratio}")
 
 
+def read_mla_csv(path):
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return {(int(r["heads"]), int(r["bs"]), int(r["ctx"]), int(r["q_len"]), int(r["page"]), r["kv_dtype"]): r
+                for r in csv.DictReader(f)}
+
+
+def mla_check(w, q_nope, q_pe, ckv, kpe, kv_indices, ctx, ql, sm_scale):
+    """Max |error| of FlashInfer's output for the first sequence against an fp32 reference
+    (queries aligned to the end of the context, causal among the q_len queries)."""
+    page = ckv.shape[1]
+    idx = kv_indices[: ctx // page].long()
+    k = torch.cat([ckv[idx], kpe[idx]], -1).reshape(ctx, 576).float()        # [ctx, 576]
+    q = torch.cat([q_nope[:ql], q_pe[:ql]], -1).float()                       # [ql, heads, 576]
+    s = torch.einsum("qhd,kd->qhk", q, k) * sm_scale
+    pos = torch.arange(ctx, device="cuda")
+    s = s.masked_fill(pos[None, None, :] > (ctx - ql + torch.arange(ql, device="cuda"))[:, None, None], float("-inf"))
+    ref = torch.einsum("qhk,kd->qhd", s.softmax(-1), k[:, :512])
+    return (w.run(q_nope, q_pe, ckv, kpe)[:ql].float() - ref).abs().max().item()
+
+
+def mla():
+    """FlashInfer's absorbed MLA (DeepSeek-V3: 128 or 16 local heads, latent 512 + rope 64 = 576 read per
+    token, qk head dim 128 + 64 for the softmax scale) over a paged latent cache of page 64 in a random
+    page order; q_len 2 is one MTP draft token (causal within the sequence). GB/s of latent read."""
+    if FI is None:
+        print("mla: flashinfer is not importable (install .gpu/fi, see INSTALL.sh); no FlashInfer MLA rows")
+        return
+    ours = read_mla_csv("build/mla.csv")
+    print("mla: FlashInfer 0.5.3's BatchMLAPagedAttentionWrapper has no fp8 e4m3 KV (bf16 only on sm90): no fp8 rows")
+    page, sm_scale, bf16 = 64, 1.0 / 192 ** 0.5, torch.bfloat16
+    ws = torch.empty(128 << 20, device="cuda", dtype=torch.uint8)
+    w = FI.mla.BatchMLAPagedAttentionWrapper(ws, backend="auto")
+    print(f"mla, DeepSeek-V3 absorbed decode, bf16 latent cache (512 + 64), page {page}, FlashInfer backend "
+          f"{w._backend}; ms, GB/s of latent read, TFLOP/s; fattn from build/mla.csv, /FI = FI ms / fattn ms")
+    print(f"{'heads':>5} {'bs':>4} {'ctx':>6} {'q':>2} {'FI ms':>8} {'FI GB/s':>8} {'FI TF/s':>8} {'fattn ms':>8} "
+          f"{'fattn GB/s':>10} {'fattn TF/s':>10} {'/FI':>6} {'roof GB/s':>9}")
+    checked = False
+    for heads in (128, 16):
+        for bs in (1, 16, 64, 128):
+            for ctx in (1024, 4096, 16384, 65536):
+                if bs * ctx * 576 * 2 > 40 * 2**30:  # the cache would exceed ~40 GiB
+                    print(f"{heads:5} {bs:4} {ctx:6}    (skipped: cache over 40 GiB)")
+                    continue
+                per = ctx // page
+                ckv = torch.randn(bs * per, page, 512, device="cuda", dtype=bf16)
+                kpe = torch.randn(bs * per, page, 64, device="cuda", dtype=bf16)
+                kv_indices = torch.randperm(bs * per, device="cuda").to(torch.int32)
+                kv_indptr = torch.arange(0, bs + 1, dtype=torch.int32) * per
+                kv_lens = torch.full((bs,), ctx, dtype=torch.int32)
+                for ql in (1, 2):
+                    q_nope = torch.randn(bs * ql, heads, 512, device="cuda", dtype=bf16)
+                    q_pe = torch.randn(bs * ql, heads, 64, device="cuda", dtype=bf16)
+                    out = torch.empty_like(q_nope)
+                    qo_indptr = torch.arange(0, bs + 1, dtype=torch.int32) * ql
+                    t = None
+                    try:
+                        w.plan(qo_indptr, kv_indptr, kv_indices, kv_lens, heads, 512, 64, page, ql > 1, sm_scale,
+                               bf16, bf16)
+                        if not checked and ql == 2:
+                            print(f"    (check vs fp32 torch, heads {heads} bs {bs} ctx {ctx} q 2: max |err| "
+                                  f"{mla_check(w, q_nope, q_pe, ckv, kpe, kv_indices, ctx, ql, sm_scale):.4f})")
+                            checked = True
+                        t = try_time(lambda: w.run(q_nope, q_pe, ckv, kpe, out=out))
+                    except Exception as e:  # a wheel without the module (and no JIT) reports n/a
+                        print(f"    (FlashInfer: {type(e).__name__}: {str(e).splitlines()[0][:80]})")
+                    gb = bs * ctx * 576 * 2 / 1e9
+                    flop = 2 * (576 + 512) * heads * ql * bs * ctx
+                    rate = gb / (t / 1e3) if t else None
+                    tf = flop / (t / 1e3) / 1e12 if t else None
+                    f = ours.get((heads, bs, ctx, ql, page, "bf16"))
+                    fms = float(f["ms"]) if f else None
+                    ratio = f"{t / fms:6.2f}" if t and fms else "   n/a"
+                    ms = lambda x: f"{x:8.4f}" if x else "     n/a"
+                    print(f"{heads:5} {bs:4} {ctx:6} {ql:2} {ms(t)} {fmt(rate)} {fmt(tf)} {ms(fms)} "
+                          f"{fmt(float(f['gbs']) if f else None):>10} {fmt(float(f['tflops']) if f else None):>10} "
+                          f"{ratio} {fmt(float(f['roof_gbs']) if f else None):>9}")
+                    del q_nope, q_pe, out
+                del ckv, kpe, kv_indices
+                torch.cuda.empty_cache()
+
+
 def one(name, d, seq, causal):
     """Runs one peer on one prefill shape of the paper setup five times (for ncu)."""
     bs, h = 16384 // seq, 2048 // d
@@ -283,3 +370,5 @@ if __name__ == "__main__":
         prefill()
     if what in ("serve", "all"):
         serve()
+    if what == "mla":
+        mla()
