@@ -126,8 +126,8 @@ typedef struct fattn_model {
   uint32_t num_kv_heads; /* divides num_q_heads: MHA, GQA, MQA */
   uint32_t head_dim;     /* Q and K: 64, 96, 128, 192, 256 (MLA: latent + rope) */
   uint32_t head_dim_v;   /* V and O, <= head_dim; 0 means head_dim */
-  uint32_t mla_latent_dim; /* MLA absorbed form: 512; 0 means not MLA. On a GPU: DECODE on FA2,
-                              latent rows in q_dtype, no softcap, sinks, window or chunk */
+  uint32_t mla_latent_dim; /* MLA absorbed form: 512; 0 means not MLA. On a GPU: FA2, every mode
+                              but CROSS, latent rows in q_dtype, no softcap, sinks, window or chunk */
   uint32_t mla_rope_dim;   /* MLA: 64 */
   float softmax_scale;     /* 0 means 1 / sqrt(head_dim) */
   float logit_softcap;     /* s = cap * tanh(s / cap) before masking; 0 means none */
@@ -224,8 +224,8 @@ const char *fattn_detail(const fattn_ctx *ctx);
  * NULL ctx. */
 const fattn_memory_report *fattn_ctx_memory(const fattn_ctx *ctx);
 /* Backend that runs mode on this context (after AUTO was resolved); FATTN_BACKEND_AUTO where no
- * backend runs it (an MLA model on a GPU: FA2 runs MLA in DECODE only so far, and fattn_plan
- * refuses the other modes with FATTN_ERR_UNSUPPORTED, the detail naming the mode). */
+ * backend runs it (an MLA model on a GPU in CROSS, which no MLA model has: fattn_plan refuses it
+ * with FATTN_ERR_UNSUPPORTED, the detail naming the mode). */
 fattn_backend fattn_ctx_backend(const fattn_ctx *ctx, fattn_mode mode);
 
 /* Invariants: free + owned = total, each page free once or owned with refcount equal to
