@@ -156,19 +156,34 @@ cpu-test: all
 # (that machine lacks the static jemalloc and Check to rebuild them).
 GPU_PREREQ := $(if $(wildcard $(BUILD)/.carried),,all)
 
-# What travels to a GPU machine: the GPU suites and fattn-bench, compressed. Each binary holds
-# the same ~60 MB of kernels; one xz stream whose window spans a whole binary stores them once
-# (8 MB, against 36 MB with xz's default 8 MiB window). There: tar xJf build/gpu-bundle.tar.xz
-# && make gpu-test
-gpu-bundle: all
+# What travels to a GPU machine: the GPU suites, fattn-bench and libfattn.so (the model check
+# of gpu-test), compressed. Each binary holds the same ~60 MB of kernels; one xz stream whose
+# window spans a whole binary stores them once (8 MB, against 36 MB with xz's default 8 MiB
+# window). libfattn.so takes the libjemalloc.so.2 it was linked with along, in build/lib: the
+# GPU machine's PyTorch image has none. There: tar xJf build/gpu-bundle.tar.xz && make gpu-test
+gpu-bundle: all $(BUILD)/libfattn.so
 	@touch $(BUILD)/.carried
-	@tar cf - $(GPU_TESTS) $(BUILD)/fattn-bench $(BUILD)/libktrace.so $(BUILD)/.carried | \
+	@jemalloc=$$(ldd $(BUILD)/libfattn.so | awk '$$1 == "libjemalloc.so.2" { print $$3 }'); \
+	  [ -f "$$jemalloc" ] || { echo "gpu-bundle: ldd finds no libjemalloc.so.2 for $(BUILD)/libfattn.so"; exit 1; }; \
+	  mkdir -p $(BUILD)/lib && cp -L "$$jemalloc" $(BUILD)/lib/libjemalloc.so.2
+	@tar cf - $(GPU_TESTS) $(BUILD)/fattn-bench $(BUILD)/libfattn.so $(BUILD)/lib/libjemalloc.so.2 \
+	  $(BUILD)/libktrace.so $(BUILD)/.carried | \
 	  xz -T1 -6 --lzma2=preset=6,dict=256MiB > $(BUILD)/gpu-bundle.tar.xz
 	@rm -f $(BUILD)/.carried
 	@echo "  TAR   $(BUILD)/gpu-bundle.tar.xz ($$(du -h $(BUILD)/gpu-bundle.tar.xz | cut -f1))"
 
-gpu-test: $(GPU_PREREQ)
-	@bash tests/run.sh --require-gpu $(GPU_TESTS)
+# The GPU suites, then the model check (python/tests/model_check.py, docs/python.md: small
+# random-weight transformers models through fattn against float32 eager) where $(PYTHON) has
+# torch, transformers and a CUDA device; else one line says why it skips. It loads
+# build/libfattn.so, and build/lib's libjemalloc.so.2 where the bundle brought one.
+gpu-test: $(GPU_PREREQ) $(if $(wildcard $(BUILD)/.carried),,$(BUILD)/libfattn.so)
+	@bash tests/run.sh --require-gpu $(GPU_TESTS); rc=$$?; \
+	if why=$$($(PYTHON) -c 'import torch, transformers; assert torch.cuda.is_available(), "no CUDA device"' 2>&1); then \
+	  LD_LIBRARY_PATH=$(abspath $(BUILD)/lib)$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH} \
+	  FATTN_LIB=$(abspath $(BUILD)/libfattn.so) GLIBC_TUNABLES=glibc.rtld.optional_static_tls=16384 \
+	  $(PYTHON) python/tests/model_check.py || rc=1; \
+	else echo "gpu-test: the model check skips ($$(printf '%s\n' "$$why" | tail -n 1))"; fi; \
+	exit $$rc
 
 gpu-sanitize: $(GPU_PREREQ)
 	@bash tests/sanitize.sh $(GPU_TESTS)

@@ -154,6 +154,15 @@ def _path():
 
 def _load():
     path = _path()
+    # The libraries that libfattn.so needs load in its own dlopen group, libjemalloc.so.2 ahead of
+    # libstdc++.so.6: a libstdc++ loaded there would bind its operator new and delete to
+    # jemalloc's, and a C++ library loaded later (import torch after fattn) would free with
+    # glibc's free what jemalloc allocated. Loaded first, alone and global, libstdc++ keeps its
+    # own (and the binding is unchanged where torch loaded it already).
+    try:
+        ctypes.CDLL("libstdc++.so.6", mode=ctypes.RTLD_GLOBAL)
+    except OSError:
+        pass  # not there: then libfattn.so, which needs it, will not load either and says so
     try:
         lib = ctypes.CDLL(path)
     except OSError as e:

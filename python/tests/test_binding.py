@@ -1,5 +1,7 @@
 # test_binding.py: the fattn package over libfattn.so on the CPU backend: a prefill and a decode
 # step agree bit for bit, bad tensors fail before the C call, bad ids and batches carry details.
+import subprocess
+import sys
 import unittest
 from unittest import mock
 
@@ -117,6 +119,13 @@ class WithTorch(unittest.TestCase):
             self.ctx.attend(layer, self.q[first:first + n], out, lse)
             results.append((out, lse))
         return results
+
+    def test_fattn_imported_before_torch(self):
+        # libfattn.so's own dlopen group must not give libstdc++ jemalloc's operator new and
+        # delete (glibc's free would abort on torch's first strings: _lib._load).
+        done = subprocess.run([sys.executable, "-c", "import fattn, torch; print('ok')"],
+                              capture_output=True, text=True, timeout=120)
+        self.assertEqual((done.returncode, done.stdout.strip()), (0, "ok"), done.stderr[-2000:])
 
     def test_decode_equals_prefill_row(self):
         a, b = self.ctx.open_seq(), self.ctx.open_seq()
