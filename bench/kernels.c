@@ -68,7 +68,7 @@ static fattn_ctx *make_ctx(const kshape *k, uint32_t *ids) {
   fattn_config c = FATTN_CONFIG_INIT;
   fattn_model m = FATTN_MODEL_INIT;
   m.num_layers = 1, m.num_q_heads = k->hq, m.num_kv_heads = k->hkv, m.head_dim = k->d;
-  if (k->mla) m.mla_latent_dim = MLA_LATENT, m.mla_rope_dim = k->d - MLA_LATENT;
+  if (k->mla) m.head_dim_v = m.mla_latent_dim = MLA_LATENT, m.mla_rope_dim = k->d - MLA_LATENT;
   c.device = 0;
   c.kv_dtype = k->kv_dtype;
   c.prefill_backend = prefill_backend;
