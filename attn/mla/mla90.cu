@@ -156,10 +156,13 @@ __device__ __forceinline__ void mla90__consume(const fa2__args &a, const mla90__
   };
 
   for (uint32_t i = c; i < nblk; i += 2u) {
-    if (i >= 2u) { /* 1 */
-      fa3__pin<128>(o);
-      fa3__mma_wait<0>();
-      fa3__pin<128>(o);
+    /* Waits on wgmma are unconditional (nothing is pending where the step has no block):
+     * behind a branch, ptxas saw O read on a path with P V in flight and serialised every
+     * wgmma of the kernel. */
+    fa3__pin<128>(o); /* 1 */
+    fa3__mma_wait<0>();
+    fa3__pin<128>(o);
+    if (i >= 2u) {
       release(i - 2u);
       fa3__arrive_bar(MLA90__BAR_PFREE + c, 256);
     }
@@ -217,10 +220,10 @@ __device__ __forceinline__ void mla90__consume(const fa2__args &a, const mla90__
         pk[2 * k + h] = fa2__pack<T>(p0, p1);
       }
 
-    if (i >= 1u) { /* 5 */
-      fa3__pin<128>(o);
-      fa3__mma_wait<0>();
-      fa3__pin<128>(o);
+    fa3__pin<128>(o); /* 5 */
+    fa3__mma_wait<0>();
+    fa3__pin<128>(o);
+    if (i >= 1u) {
       release(i - 1u);
       fa3__sync(MLA90__BAR_PFREE + other, 256);
     }
@@ -238,11 +241,11 @@ __device__ __forceinline__ void mla90__consume(const fa2__args &a, const mla90__
   }
 
   /* The tail: the last block's P V by the consumer that did not own it. */
+  fa3__pin<128>(o);
+  fa3__mma_wait<0>();
+  fa3__pin<128>(o);
   if (nblk > 0u) {
     const uint32_t last = nblk - 1u;
-    fa3__pin<128>(o);
-    fa3__mma_wait<0>();
-    fa3__pin<128>(o);
     if ((last & 1u) == c) {
       release(last);
     } else {
