@@ -1,6 +1,6 @@
 # fattn: one entry point. make [all|shared|python-test|run|test|gpu-test|gpu-sanitize|asan|tsan|fuzz|
 # bench|install|uninstall|clean]
-# Host code is C11 with -Werror; CUDA code is built for CUDA_ARCHS (sm_90a only for attn/fa3).
+# Host code is C11 with -Werror; CUDA code is built for CUDA_ARCHS (sm_90a only for attn/fa3, attn/mla).
 
 CUDA        ?= /usr/local/cuda
 NVCC        ?= $(CUDA)/bin/nvcc
@@ -40,7 +40,7 @@ ALL_NVCCFLAGS = -std=c++17 $(NVCCFLAGS) $(INCLUDES) -Xcompiler -Wall,-Wextra,-We
 
 LIB_C   := $(sort $(wildcard lib/*.c arena/*.c attn/*.c attn/*/*.c graph/*.c))
 LIB_CU  := $(sort $(wildcard arena/*.cu attn/*.cu attn/ref/*.cu attn/fa2/*.cu graph/*.cu))
-LIB_CU90 := $(sort $(wildcard attn/fa3/*.cu))
+LIB_CU90 := $(sort $(wildcard attn/fa3/*.cu attn/mla/*.cu))
 LIB_OBJS := $(LIB_C:%.c=$(BUILD)/obj/%.o) $(LIB_CU:%.cu=$(BUILD)/obj/%.cu.o)
 ifneq ($(HOPPER_ARCHS),)
 LIB_OBJS += $(LIB_CU90:%.cu=$(BUILD)/obj/%.cu.o)
@@ -87,6 +87,11 @@ $(BUILD)/obj/%.o: %.c
 	@$(CC) $(ALL_CFLAGS) -c $< -o $@
 
 $(BUILD)/obj/attn/fa3/%.cu.o: attn/fa3/%.cu
+	@mkdir -p $(dir $@)
+	@echo '  NVCC  $< (sm_90a)'
+	@$(NVCC) $(ALL_NVCCFLAGS) $(call gencode,$(HOPPER_ARCHS)) -c $< -o $@
+
+$(BUILD)/obj/attn/mla/%.cu.o: attn/mla/%.cu
 	@mkdir -p $(dir $@)
 	@echo '  NVCC  $< (sm_90a)'
 	@$(NVCC) $(ALL_NVCCFLAGS) $(call gencode,$(HOPPER_ARCHS)) -c $< -o $@

@@ -74,6 +74,18 @@ int fattn__fa3_encode_maps(const fattn__layer_params *l, void *maps);
 int fattn__fa3_attend(fattn__layer_params l, fattn__step_params s, const void *q, void *out,
                       float *lse, void *stream);
 
+/* ---- attn/mla: the Hopper (sm_90a) absorbed-MLA kernel, built where CUDA_ARCHS has 90a
+ * (FATTN_HAVE_SM90A); not chosen by any backend yet. Callers check fattn__fa3_available(). */
+
+/* Writes the latent pool's tensor map (one CUtensorMap, 128 bytes) for an MLA layer into map;
+ * returns a cudaError_t value (cudaErrorNotSupported below pages of 64 slots: then every block
+ * is gathered). */
+int fattn__mla90_encode_map(const fattn__layer_params *l, void *map);
+/* fattn__fa2_attend's contract for MLA layers (every mode but CROSS), on wgmma; l.tmaps NULL
+ * or the map of fattn__mla90_encode_map. */
+int fattn__mla90_attend(fattn__layer_params l, fattn__step_params s, const void *q, void *out,
+                        float *lse, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -64,6 +64,18 @@ static int attend_under_test(fattn__layer_params l, fattn__step_params s, const 
   l.tmaps = fattn__fa3_encode_maps(&l, maps) == 0 ? maps : NULL;
   return fattn__fa3_attend(l, s, q, out, lse, NULL);
 }
+#elif defined(FATTN_TEST_MLA90)
+#define BACKEND "mla90"
+/* The Hopper MLA kernel (tests/gpu_mla90.c): where pages allow the latent pool's tensor map,
+ * calls alternate between TMA and the gather, so that a split step's rerun (whose bytes must
+ * equal the first run's) also compares the two loads. */
+static int attend_under_test(fattn__layer_params l, fattn__step_params s, const void *q, void *out, float *lse) {
+  static _Alignas(64) uint8_t map[FATTN__TMAP_BYTES];
+  static unsigned calls;
+  if (!l.mla) return fattn__fa2_attend(l, s, q, out, lse, NULL);
+  l.tmaps = calls++ % 2u == 0u && fattn__mla90_encode_map(&l, map) == 0 ? map : NULL;
+  return fattn__mla90_attend(l, s, q, out, lse, NULL);
+}
 #else
 #define BACKEND "fa2"
 static int attend_under_test(fattn__layer_params l, fattn__step_params s, const void *q, void *out, float *lse) {

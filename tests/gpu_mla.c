@@ -4,6 +4,16 @@
 #define FATTN_TEST_MLA 1
 #include "tests/gpu_fa2.c"
 
+/* tests/gpu_mla90.c runs the kernel cases on the Hopper MLA kernel, which needs sm_90. */
+#ifdef FATTN_TEST_MLA90
+#define MLA_NEEDS_KERNEL()                                                                   \
+  do {                                                                                       \
+    if (!fattn__fa3_available()) FATTN_TEST_SKIP("mla90 needs a compute capability 9.0 device"); \
+  } while (0)
+#else
+#define MLA_NEEDS_KERNEL() ((void)0)
+#endif
+
 static const uint32_t MLA_HEADS[5] = {8, 16, 32, 64, 128};
 static const uint32_t MLA_PAGES[4] = {1, 16, 64, 128};
 
@@ -21,6 +31,7 @@ static cfg mla_cfg(uint32_t heads, uint32_t ps, uint32_t qt, uint32_t max_bs) {
   return mla_cfg_mode(FATTN_MODE_DECODE, heads, ps, qt, max_bs);
 }
 
+#ifndef FATTN_TEST_MLA90 /* store_kv runs fa2 alone */
 /* New latent rows into their pages: the K row of 576, nothing for V (v is NULL). */
 START_TEST(mla_store_kv) {
   int fails = 0;
@@ -87,11 +98,13 @@ START_TEST(mla_store_kv) {
   ck_assert_int_eq(fails, 0);
 }
 END_TEST
+#endif
 
 /* Every head count (16- and 32-row tiles, 1 to 4 head groups) on every page size, bf16 and fp16
  * in turn, batches up to 64; each case's split steps run again under wide caps, whose bytes
  * must equal the first run's (a graph bucket's padding changes only the caps). */
 START_TEST(mla_decode) {
+  MLA_NEEDS_KERNEL();
   const int f0 = total_fail, step = getenv("FATTN_TEST_QUICK") ? 3 : 1; /* under compute-sanitizer: 7 of 20 */
   for (int h = 0; h < 5; h++)
     for (int p = h % step; p < 4; p += step) {
@@ -105,6 +118,7 @@ END_TEST
 /* One sequence over up to 4097 slots: the most splits (up to 32, rows of more than 4 splits
  * through the combine's shared-memory merges), at 16 and at 128 heads. */
 START_TEST(mla_decode_long) {
+  MLA_NEEDS_KERNEL();
   const int f0 = total_fail;
   for (int k = 0; k < 4; k++) {
     cfg c = mla_cfg(k < 2 ? 16 : 128, MLA_PAGES[1 + k % 3], k % 2 ? FP : BF, 1);
@@ -118,6 +132,7 @@ END_TEST
  * at 8 heads), per-row causal limits, verify's tree masks (and chains) with split-KV, draft
  * extend and prefill over prefixes; at 8, 16 and 128 heads, on pages 1, 16 and 64. */
 START_TEST(mla_modes) {
+  MLA_NEEDS_KERNEL();
   const int f0 = total_fail;
   static const struct { uint32_t mode; int tree; const char *tag; } M[5] = {
       {FATTN_MODE_DRAFT_DECODE, 0, " mla draft decode"}, {FATTN_MODE_TARGET_VERIFY, 1, " mla verify tree"},
@@ -135,6 +150,7 @@ START_TEST(mla_modes) {
 }
 END_TEST
 
+#ifndef FATTN_TEST_MLA90 /* the public API runs fa2 alone */
 /* Through the public API: a DeepSeek-V3-like context (128 heads, 2 layers) runs every mode but
  * CROSS on FA2 (no MLA model has an encoder), and a graph replay of random decode steps (lengths up to 4097, so
  * split-KV and the combine) gives the eager step's O and LSE bit for bit, padding rows zero. */
@@ -226,6 +242,7 @@ START_TEST(mla_graph_replay_equals_eager) {
   free(eager), free(graph), free(eager_lse), free(graph_lse);
 }
 END_TEST
+#endif
 
 START_TEST(mla_totals) {
   printf("mla totals: %d groups, %d failed cases, %d split steps run again under wide caps (%d with four-warp "
@@ -237,5 +254,9 @@ START_TEST(mla_totals) {
 }
 END_TEST
 
+#ifdef FATTN_TEST_MLA90 /* the kernel's cases alone: store_kv and the public API's graphs run fa2 */
+FATTN_SUITE("gpu_mla90", FATTN_TEST_GPU, mla_decode, mla_decode_long, mla_modes, mla_totals)
+#else
 FATTN_SUITE("gpu_mla", FATTN_TEST_GPU, mla_store_kv, mla_decode, mla_decode_long, mla_modes,
             mla_graph_replay_equals_eager, mla_totals)
+#endif

@@ -56,6 +56,11 @@ int fa2__launch_mla(const fa2__args *a, dim3 grid, cudaStream_t st);
 
 #ifdef __CUDACC__
 
+/* The split-KV combine (attn/fa2/fa2_attend.cu) after a decode-like kernel whose entries took
+ * qpe query tokens each: merges split_o / split_lse into out and lse. Also run after the
+ * Hopper MLA kernel (attn/mla/mla90.cu), whose partials have the same layout. */
+int fa2__launch_combine(const fa2__args &a, const fattn__step_params &s, uint32_t qpe, cudaStream_t st);
+
 #define FA2__LOG2E 1.4426950408889634f
 #define FA2__LN2 0.6931471805599453f
 

@@ -334,7 +334,7 @@ static uint32_t fa2__clamp(uint32_t x, uint32_t lo, uint32_t hi) { return x < lo
  * result depends on neither, so a graph and its eager step may differ in them. Four warps a row
  * up to a round lost 3-6% at bs 8 and 16 (H100; docs/performance.md, decode): their rows have at
  * most 4 splits, so 3 warps of 4 idled in 4 times the blocks. */
-static int fa2__launch_combine(const fa2__args &a, const fattn__step_params &s, uint32_t qpe, cudaStream_t st) {
+int fa2__launch_combine(const fa2__args &a, const fattn__step_params &s, uint32_t qpe, cudaStream_t st) {
   const fattn__layer_params &l = a.l;
   const uint32_t rows = s.cap_entries * qpe * l.num_q_heads;
   const uint32_t round = FA2__COMBINE_BLOCKS * 4u * a.num_sms;

@@ -3,6 +3,7 @@
 # (one register per accumulator) are too long to spell by hand. Run: python3 wgmma_gen.py
 SS_N = (64, 128)        # S = Q K^T: N is the KV tile
 RS_N = (64, 128, 192, 256)   # O += P V: N is head_dim_v
+SST_N = (256,)               # MLA's O += P V with P in shared memory: N is a consumer's half of d_v
 TYPES = (("bf16", "__nv_bfloat16"), ("f16", "__half"))
 
 def regs(n, first):
@@ -16,6 +17,16 @@ def ss(n, ptx, ctype):
     return f"""template <> __device__ __forceinline__ void fa3__mma_ss<{n}, {ctype}>(float *d, uint64_t a, uint64_t b, int acc) {{
   asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{r + 2}, 0;\\n"
                "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} {{{regs(r, 0)}}}, %{r}, %{r + 1}, p, 1, 1, 0, 0;\\n}}\\n"
+               : {outs(r)}
+               : "l"(a), "l"(b), "r"(acc));
+}}
+"""
+
+def sst(n, ptx, ctype):
+    r = n // 2
+    return f"""template <> __device__ __forceinline__ void fa3__mma_sst<{n}, {ctype}>(float *d, uint64_t a, uint64_t b, int acc) {{
+  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{r + 2}, 0;\\n"
+               "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} {{{regs(r, 0)}}}, %{r}, %{r + 1}, p, 1, 1, 0, 1;\\n}}\\n"
                : {outs(r)}
                : "l"(a), "l"(b), "r"(acc));
 }}
@@ -41,6 +52,8 @@ parts = ["""/* wgmma.h: wgmma.mma_async wrappers for the fa3 kernels, written by
 
 /* d (+)= A B, A and B K-major in shared memory (descriptors); acc 0 overwrites d. */
 template <int N, typename T> __device__ void fa3__mma_ss(float *d, uint64_t a, uint64_t b, int acc);
+/* d (+)= A B, A K-major and B MN-major (transposed) in shared memory; acc 0 overwrites d. */
+template <int N, typename T> __device__ void fa3__mma_sst(float *d, uint64_t a, uint64_t b, int acc);
 /* d += A B, A from registers (the m64k16 fragment), B MN-major in shared memory. */
 template <int N, typename T> __device__ void fa3__mma_rs(float *d, const uint32_t *a, uint64_t b);
 
@@ -48,6 +61,8 @@ template <int N, typename T> __device__ void fa3__mma_rs(float *d, const uint32_
 for ptx, ctype in TYPES:
     for n in SS_N:
         parts.append(ss(n, ptx, ctype))
+    for n in SST_N:
+        parts.append(sst(n, ptx, ctype))
     for n in RS_N:
         parts.append(rs(n, ptx, ctype))
 parts.append("#endif /* FATTN_ATTN_FA3_WGMMA_H */\n")
