@@ -75,7 +75,8 @@ int fattn__fa3_attend(fattn__layer_params l, fattn__step_params s, const void *q
                       float *lse, void *stream);
 
 /* ---- attn/mla: the Hopper (sm_90a) absorbed-MLA kernel, built where CUDA_ARCHS has 90a
- * (FATTN_HAVE_SM90A); not chosen by any backend yet. Callers check fattn__fa3_available(). */
+ * (FATTN_HAVE_SM90A); fa3 runs MLA layers on it (fattn__fa3_attend, fattn__fa3_encode_maps).
+ * Callers check fattn__fa3_available(). */
 
 /* Writes the latent pool's tensor map (one CUtensorMap, 128 bytes) for an MLA layer into map;
  * returns a cudaError_t value (cudaErrorNotSupported below pages of 64 slots: then every block

@@ -311,15 +311,17 @@ int fattn_bench_prefill(int argc, char **argv) {
  * 128, contexts 1k to 64k, q_len 1 (DECODE) and 2 (TARGET_VERIFY of one MTP draft), page 64,
  * bf16 latent; beside the pure read of the same latent pages.
  * TFLOP/s counts 2 (576 + 512) FLOPs a q head and slot. Options: --csv PATH (default
- * build/mla.csv, the columns bench/peers/peers.py mla reads), --heads N, --bs N (those rows). */
+ * build/mla.csv, the columns bench/peers/peers.py mla reads), --backend fa2|fa3 (the portable
+ * kernel or the Hopper one, on both sides; default AUTO), --heads N, --bs N (those rows). */
 int fattn_bench_mla(int argc, char **argv) {
   const char *path = "build/mla.csv";
   unsigned only_heads = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (strcmp(argv[i], "--csv") == 0) path = argv[i + 1];
+    else if (backend_arg(argv[i], argv[i + 1], &decode_backend)) prefill_backend = decode_backend;
     else if (!((strcmp(argv[i], "--heads") == 0 && sscanf(argv[i + 1], "%u", &only_heads) == 1) ||
                (strcmp(argv[i], "--bs") == 0 && sscanf(argv[i + 1], "%u", &only_bs) == 1)))
-      fail("fattn-bench mla", "options: --csv PATH, --heads N, --bs N");
+      fail("fattn-bench mla", "options: --csv PATH, --backend fa2|fa3 (both sides), --heads N, --bs N");
   }
   if (!fattn_bench_has_gpu()) fail("fattn-bench mla", "needs a CUDA device");
   FILE *csv = fopen(path, "w");
