@@ -11,6 +11,7 @@ except ImportError:
 
 if transformers is not None:
     import fattn.hf
+    from tests.model_check import generate
 
 STEPS = 16
 PROMPTS = (21, 6, 13)  # the first is longer than WINDOW, and all rows pass it while decoding
@@ -48,23 +49,9 @@ def configs():
 
 def run(model, ids, mask, cache, tokens=None):
     """Logits [batch, prompt + STEPS, vocab] float32 of a prefill and STEPS decode steps, each
-    fed tokens[:, step] (None: the argmax of the step before), and the tokens fed."""
-    positions = (mask.cumsum(1) - 1).clamp(min=0)  # left padding: real tokens count from 0
-    logits, fed = [], []
-    with torch.no_grad():
-        out = model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                    cache=cache, use_cache=True)
-        for step in range(STEPS + 1):
-            logits.append(out.logits.float())
-            if step == STEPS:
-                break
-            nxt = logits[-1][:, -1:].argmax(-1) if tokens is None else tokens[:, step:step + 1]
-            fed.append(nxt)
-            mask = torch.cat([mask, torch.ones_like(nxt)], dim=1)
-            positions = positions[:, -1:] + 1
-            out = model(input_ids=nxt, attention_mask=mask, position_ids=positions,
-                        cache=out.cache, use_cache=True)
-    return torch.cat(logits, dim=1), torch.cat(fed, dim=1)
+    fed tokens[:, step] (None: the argmax of the step before), and the tokens fed: the model
+    check's loop (either spelling of transformers' cache argument)."""
+    return generate(model, ids, mask, cache, STEPS, tokens)
 
 
 def errors(logits, ref, real):
