@@ -176,10 +176,7 @@ __device__ __forceinline__ void fa2__mla_work(const fa2__args &a, const fattn__e
       float mn = m[h];
 #pragma unroll
       for (int w = 0; w < C::NCOL; w++) mn = fmaxf(mn, red[w * ROWS + r0 + 8 * h]);
-      ms[h] = mn == -INFINITY ? 0.f : mn;
-      al[h] = fa2__exp2(m[h] - ms[h]);
-      m[h] = mn;
-      ls[h] *= al[h];
+      ms[h] = fa2__row_step(m[h], ls[h], mn, &al[h]);
     }
     if (__any_sync(0xffffffffu, al[0] != 1.f || al[1] != 1.f)) {
 #pragma unroll

@@ -97,6 +97,18 @@ __device__ __forceinline__ float fa2__exp2(float x) {
   return y;
 }
 
+/* A row's online-softmax step: mn is its max over every score seen so far (log2 units, this
+ * block's included). Returns the base this block's exps subtract (0 for a row that has seen
+ * nothing, so that its -inf scores give 0), moves the running max to mn and leaves in *alpha
+ * the factor the row's sum (here) and its O (the caller) take. */
+__device__ __forceinline__ float fa2__row_step(float &m, float &l, float mn, float *alpha) {
+  const float base = mn == -INFINITY ? 0.f : mn;
+  *alpha = fa2__exp2(m - base);
+  m = mn;
+  l *= *alpha;
+  return base;
+}
+
 /* A row's softmax denominator with its sink, where m is the largest score the row sees (finite),
  * l the sum of exp(x - m) over its scores and s the sink (-INFINITY: none), all in log2 units
  * where BASE2, else natural ones. The sum is taken against max(m, s): against m the sink's term

@@ -137,11 +137,8 @@ __device__ __forceinline__ void fa2__softmax(float (&sc)[C::NS][4], float (&o)[C
   float ms[2], al[2];
 #pragma unroll
   for (int h = 0; h < 2; h++) {
-    float mn = fmaxf(m[h], C::TR ? fa2__lanes_max<4, 16>(mx[h]) : fa2__lanes_max<1, 2>(mx[h]));
-    ms[h] = mn == -INFINITY ? 0.f : mn;
-    al[h] = fa2__exp2(m[h] - ms[h]);
-    m[h] = mn;
-    ls[h] *= al[h];
+    const float mn = fmaxf(m[h], C::TR ? fa2__lanes_max<4, 16>(mx[h]) : fa2__lanes_max<1, 2>(mx[h]));
+    ms[h] = fa2__row_step(m[h], ls[h], mn, &al[h]);
   }
   /* Once the running max settles, most blocks leave it unchanged: skip the rescale then. */
   if (__any_sync(0xffffffffu, al[0] != 1.f || al[1] != 1.f)) {

@@ -1,7 +1,5 @@
 /* fa3_attend.cu: the fa3 entry points: device and shape checks, the tensor maps made once per
  * layer, and host dispatch (fa3's kernel for query-tiled steps, mla90's for MLA, fa2 for the rest). */
-#include <cudaTypedefs.h>
-
 #include "attn/fa3/fa3.h"
 
 extern "C" int fattn__fa3_available(void) {
@@ -24,16 +22,8 @@ extern "C" int fattn__fa3_encode_maps(const fattn__layer_params *l, void *maps) 
   /* fp8 KV is gathered and widened by the producer: no maps. */
   if (!fattn__fa3_supports(l) || l->kv_dtype == FATTN_DTYPE_FP8_E4M3 || l->page_size < FA3__TMA_MIN_PAGE)
     return (int)cudaErrorNotSupported;
-  static std::atomic<void *> entry; /* the driver's, one per process; threads may look it up at once */
-  void *fn = entry.load(std::memory_order_acquire);
-  if (!fn) {
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess || !fn)
-      return (int)cudaErrorNotSupported;
-    entry.store(fn, std::memory_order_release);
-  }
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = fa3__tmap_encoder();
+  if (!encode) return (int)cudaErrorNotSupported;
   /* [slots, kv_heads, d] with slots = pages * page_size; a box is 64 dims x 1 head x one page
    * of a tile (the part of a box past d, at d 96, is filled with zeros). V alike with d_v. */
   const uint32_t bn = fa3__tile_slots(l->head_dim, l->head_dim_v);

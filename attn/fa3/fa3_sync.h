@@ -8,6 +8,9 @@
 #include "attn/fa2/fa2.h"
 
 #ifdef __CUDACC__
+#include <cudaTypedefs.h>
+
+#include <atomic>
 
 /* Named barriers (bar.sync ids; 0 is __syncthreads). A consumer's turn barrier is the one the
  * other consumer arrives on once it has issued its GEMMs, so the two issue in alternation. */
@@ -93,6 +96,22 @@ template <int ST> struct fa3__ring {
     if (++stage == (uint32_t)ST) stage = 0, phase ^= 1u;
   }
 };
+/* The driver's cuTensorMapEncodeTiled (host code), looked up once per translation unit's first
+ * call (threads may look it up at once: they store the same pointer); NULL where the driver
+ * lacks it. */
+static inline PFN_cuTensorMapEncodeTiled_v12000 fa3__tmap_encoder() {
+  static std::atomic<void *> entry;
+  void *fn = entry.load(std::memory_order_acquire);
+  if (!fn) {
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess || !fn)
+      return nullptr;
+    entry.store(fn, std::memory_order_release);
+  }
+  return (PFN_cuTensorMapEncodeTiled_v12000)fn;
+}
+
 /* Byte offset of 16-byte chunk c of row r inside a swizzled slab. */
 __device__ __forceinline__ uint32_t fa3__swz(uint32_t r, uint32_t c) { return r * 128u + ((c ^ (r & 7u)) << 4); }
 

@@ -1,7 +1,5 @@
 /* mla90.cu: the Hopper (sm_90a) absorbed-MLA kernel (one latent row of 576 a slot is K, its
  * first 512 dims V) by wgmma for every mode fa2_mla.cu serves, its tensor map and launcher. */
-#include <cudaTypedefs.h>
-
 #include "attn/fa3/wgmma.h"
 #include "attn/mla/mla90.h"
 
@@ -202,10 +200,7 @@ __device__ __forceinline__ void mla90__consume(const fa2__args &a, const mla90__
 #pragma unroll
     for (int h = 0; h < 2; h++) {
       const float mn = fmaxf(m[h], fa2__lanes_max<1, 2>(mx[h]));
-      ms[h] = mn == -INFINITY ? 0.f : mn;
-      al[h] = fa2__exp2(m[h] - ms[h]);
-      m[h] = mn;
-      ls[h] *= al[h];
+      ms[h] = fa2__row_step(m[h], ls[h], mn, &al[h]);
       if (c4 == 0u) {
         sm->m[i & 1u][rw[h]] = mn;
         sm->alpha[i & 1u][rw[h]] = al[h];
@@ -356,16 +351,8 @@ static int mla90__go(const fa2__args &a, const CUtensorMap &map, uint32_t use_tm
  * slots in the 128-byte swizzle: one box a slab of a block, where pages hold a block or more. */
 extern "C" int fattn__mla90_encode_map(const fattn__layer_params *l, void *map) {
   if (!l->mla || !fattn__fa2_supports(l) || l->page_size < MLA90__TMA_MIN_PAGE) return (int)cudaErrorNotSupported;
-  static std::atomic<void *> entry; /* the driver's, one per process */
-  void *fn = entry.load(std::memory_order_acquire);
-  if (!fn) {
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess || !fn)
-      return (int)cudaErrorNotSupported;
-    entry.store(fn, std::memory_order_release);
-  }
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = fa3__tmap_encoder();
+  if (!encode) return (int)cudaErrorNotSupported;
   const cuuint64_t dims[3] = {FA2__MLA_DK, 1u, (cuuint64_t)l->num_pages * l->page_size};
   const cuuint64_t strides[2] = {FA2__MLA_DK * 2u, FA2__MLA_DK * 2u};
   const cuuint32_t box[3] = {64u, 1u, MLA90__BN}, unit[3] = {1u, 1u, 1u};

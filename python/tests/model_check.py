@@ -124,13 +124,13 @@ def build(key, device):
     return config, model.float().eval().to(device)
 
 
-def prompts(config, device):
-    """A left-padded batch of PROMPTS tokens: ids and the 2-D mask [batch, longest]."""
-    longest = max(PROMPTS)
-    ids = torch.zeros(len(PROMPTS), longest, dtype=torch.long)
+def prompts(config, device, lengths=PROMPTS):
+    """A left-padded batch of prompts of these lengths: ids and the 2-D mask [batch, longest]."""
+    longest = max(lengths)
+    ids = torch.zeros(len(lengths), longest, dtype=torch.long)
     mask = torch.zeros_like(ids)
     g = torch.Generator().manual_seed(1)
-    for row, n in enumerate(PROMPTS):
+    for row, n in enumerate(lengths):
         ids[row, longest - n:] = torch.randint(1, config.vocab_size, (n,), generator=g)
         mask[row, longest - n:] = 1
     return ids.to(device), mask.to(device)

@@ -11,7 +11,7 @@ except ImportError:
 
 if transformers is not None:
     import fattn.hf
-    from tests.model_check import generate
+    from tests.model_check import generate, prompts
 
 STEPS = 16
 PROMPTS = (21, 6, 13)  # the first is longer than WINDOW, and all rows pass it while decoding
@@ -106,13 +106,8 @@ class HuggingFace(unittest.TestCase):
         ours = copy.deepcopy(ref).to(torch.bfloat16)
         backend = fattn.hf.use(ours, device="cpu", page_size=4, max_batch=4, max_seq_len=64)
         try:
-            longest = max(PROMPTS)
-            ids = torch.zeros(len(PROMPTS), longest, dtype=torch.long)
-            mask = torch.zeros_like(ids)
-            g = torch.Generator().manual_seed(1)
-            for row, n in enumerate(PROMPTS):
-                ids[row, longest - n:] = torch.randint(1, config.vocab_size, (n,), generator=g)
-                mask[row, longest - n:] = 1
+            ids, mask = prompts(config, "cpu", PROMPTS)
+            longest = ids.shape[1]
             want, tokens = run(ref, ids, mask, transformers.DynamicCache(config=config))
             got_other, _ = run(other, ids, mask, transformers.DynamicCache(config=config), tokens)
             got, _ = run(ours, ids, mask, backend.cache(), tokens)
