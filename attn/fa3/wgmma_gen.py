@@ -12,25 +12,19 @@ def regs(n, first):
 def outs(n):
     return ", ".join('"+f"(d[%d])' % i for i in range(n))
 
-def ss(n, ptx, ctype):
+def ss(n, ptx, ctype, name="fa3__mma_ss", tnsp_b=0):
+    """Both operands from shared memory; tnsp_b 1: B MN-major (fa3__mma_sst)."""
     r = n // 2
-    return f"""template <> __device__ __forceinline__ void fa3__mma_ss<{n}, {ctype}>(float *d, uint64_t a, uint64_t b, int acc) {{
+    return f"""template <> __device__ __forceinline__ void {name}<{n}, {ctype}>(float *d, uint64_t a, uint64_t b, int acc) {{
   asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{r + 2}, 0;\\n"
-               "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} {{{regs(r, 0)}}}, %{r}, %{r + 1}, p, 1, 1, 0, 0;\\n}}\\n"
+               "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} {{{regs(r, 0)}}}, %{r}, %{r + 1}, p, 1, 1, 0, {tnsp_b};\\n}}\\n"
                : {outs(r)}
                : "l"(a), "l"(b), "r"(acc));
 }}
 """
 
 def sst(n, ptx, ctype):
-    r = n // 2
-    return f"""template <> __device__ __forceinline__ void fa3__mma_sst<{n}, {ctype}>(float *d, uint64_t a, uint64_t b, int acc) {{
-  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{r + 2}, 0;\\n"
-               "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} {{{regs(r, 0)}}}, %{r}, %{r + 1}, p, 1, 1, 0, 1;\\n}}\\n"
-               : {outs(r)}
-               : "l"(a), "l"(b), "r"(acc));
-}}
-"""
+    return ss(n, ptx, ctype, "fa3__mma_sst", 1)
 
 def rs(n, ptx, ctype):
     r = n // 2
