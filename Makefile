@@ -71,12 +71,16 @@ CUDA_LIBS   := -L$(CUDA)/lib64 $(CUDA)/lib64/libcudart_static.a -lcurand
 SYS_LIBS    := -lstdc++ -lm -lpthread -ldl -lrt
 LINK_TEST = @echo '  LD    $@'; $(CC) $(CFLAGS) -o $@ $^ $(WRAP_FLAGS) $(STATIC_DEPS) $(CUDA_LIBS) $(SYS_LIBS)
 
-.PHONY: all deps shared python-test run test cpu-test gpu-bundle gpu-test gpu-sanitize asan tsan fuzz fuzz-replay bench install \
-        uninstall clean
+.PHONY: all deps shared python-test run test cpu-test gpu-bundle gpu-test gpu-test-multi gpu-sanitize asan tsan fuzz \
+        fuzz-replay bench install uninstall clean
 .DEFAULT_GOAL := all
 .SECONDARY:
 
-all: deps $(BUILD)/libfattn.a $(CPU_TESTS) $(GPU_TESTS) $(BUILD)/fattn-bench $(BUILD)/libktrace.so
+# examples/tp.c, attention under tensor parallelism (cuBLAS, and NCCL from the CUDA toolkit):
+# built where the toolkit has NCCL; make gpu-test-multi runs it.
+TP := $(if $(wildcard $(CUDA)/include/nccl.h),$(BUILD)/tp)
+
+all: deps $(BUILD)/libfattn.a $(CPU_TESTS) $(GPU_TESTS) $(BUILD)/fattn-bench $(BUILD)/libktrace.so $(TP)
 
 deps:
 	@JEMALLOC='$(JEMALLOC)' bash .ci/deps
@@ -114,6 +118,11 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(SUPPORT_OBJS) $(BUILD)/libfattn.a
 $(BUILD)/fattn-bench: $(BENCH_C:%.c=$(BUILD)/obj/%.o) $(BENCH_CU:%.cu=$(BUILD)/obj/%.cu.o) $(SUPPORT_CU:%.cu=$(BUILD)/obj/%.cu.o) $(BUILD)/libfattn.a
 	@echo '  LD    $@'
 	@$(CC) $(CFLAGS) -o $@ $^ $(JEMALLOC_LIBS) -Wl,-Bstatic -ljemalloc -Wl,-Bdynamic $(CUDA_LIBS) $(SYS_LIBS)
+
+$(BUILD)/tp: examples/tp.c $(BUILD)/libfattn.a
+	@echo '  LD    $@'
+	@$(CC) $(ALL_CFLAGS) -I$(CUDA)/include -o $@ $< $(BUILD)/libfattn.a $(JEMALLOC_LIBS) -Wl,-Bstatic -ljemalloc \
+	  -Wl,-Bdynamic $(CUDA_LIBS) -lcublas -lnccl -Wl,-rpath,$(CUDA)/lib64 $(SYS_LIBS)
 
 # Kernel-alone times of any program, through CUPTI (tools/ktrace; docs/guide.md):
 # KTRACE_OUT=k.txt CUDA_INJECTION64_PATH=$PWD/build/libktrace.so build/fattn-bench decode
@@ -171,7 +180,7 @@ gpu-bundle: all $(BUILD)/libfattn.so
 	@jemalloc=$$(ldd $(BUILD)/libfattn.so | awk '$$1 == "libjemalloc.so.2" { print $$3 }'); \
 	  [ -f "$$jemalloc" ] || { echo "gpu-bundle: ldd finds no libjemalloc.so.2 for $(BUILD)/libfattn.so"; exit 1; }; \
 	  mkdir -p $(BUILD)/lib && cp -L "$$jemalloc" $(BUILD)/lib/libjemalloc.so.2
-	@tar cf - $(GPU_TESTS) $(BUILD)/fattn-bench $(BUILD)/libfattn.so $(BUILD)/lib/libjemalloc.so.2 \
+	@tar cf - $(GPU_TESTS) $(BUILD)/fattn-bench $(TP) $(BUILD)/libfattn.so $(BUILD)/lib/libjemalloc.so.2 \
 	  $(BUILD)/libktrace.so $(BUILD)/.carried | \
 	  xz -T1 -6 --lzma2=preset=6,dict=256MiB > $(BUILD)/gpu-bundle.tar.xz
 	@rm -f $(BUILD)/.carried
@@ -189,6 +198,14 @@ gpu-test: $(GPU_PREREQ) $(if $(wildcard $(BUILD)/.carried),,$(BUILD)/libfattn.so
 	  $(PYTHON) python/tests/model_check.py || rc=1; \
 	else echo "gpu-test: the model check skips ($$(printf '%s\n' "$$why" | tail -n 1))"; fi; \
 	exit $$rc
+
+# Tensor parallelism (examples/tp.c --check): N = 2, and 4 and 8 where that many devices are
+# present; ranks past the devices share them (two contexts on one device where there is one).
+gpu-test-multi: $(GPU_PREREQ)
+	@[ -x $(BUILD)/tp ] || { echo "gpu-test-multi: $(BUILD)/tp not built (the CUDA toolkit has no NCCL)"; exit 1; }
+	@devices=$$(nvidia-smi -L 2>/dev/null | wc -l); rc=0; for n in 2 4 8; do \
+	  if [ $$n -eq 2 ] || [ $$n -le $$devices ]; then NCCL_NVLS_ENABLE=0 $(BUILD)/tp $$n --check || rc=1; fi; \
+	done; exit $$rc
 
 gpu-sanitize: $(GPU_PREREQ)
 	@bash tests/sanitize.sh $(GPU_TESTS)
