@@ -27,19 +27,11 @@ static fattn_backend auto_backend(uint32_t mode, const fattn__layer_params *l) {
   return FATTN_BACKEND_FA2;
 }
 
-/* Whether backend runs MLA in some mode of the prefill side (prefill) or the decode side. */
-static int side_runs_mla(fattn_backend backend, int prefill) {
-  for (uint32_t mode = 1; mode <= FATTN_MODE_COUNT; mode++)
-    if (is_prefill_mode(mode) == prefill && fattn__mla_mode_check(backend, mode, NULL, 0) == FATTN_OK) return 1;
-  return 0;
-}
-
 /* AUTO picks the fastest backend built for the device; an explicit choice that cannot run
- * this model is an error now, never a wrong answer later. MLA on the GPU runs where the kernels
- * have it (FA2, DECODE): a mode without one is left to no backend (fattn_ctx_backend says
- * AUTO, fattn_plan refuses it naming the mode), so that an MLA model can serve its decode steps
- * while the rest is built; a side asked explicitly of a backend that runs none of its modes, a
- * graph mode without a kernel, and an option the kernel lacks are refused here. */
+ * this model is an error now, never a wrong answer later. An MLA model on the GPU: an option
+ * its kernel lacks, and a backend without its kernel for a mode, are refused here; CROSS, which
+ * no MLA model has (it has no encoder), is left to no backend (fattn_ctx_backend says AUTO,
+ * fattn_plan refuses it naming the mode). */
 static fattn_status choose_backends(fattn_ctx *ctx, char *detail, size_t detail_len) {
   fattn__layer_params l = fattn__layer_params_for(ctx, 0);
   const int mla = l.mla && !ctx->n.on_cpu;
@@ -53,14 +45,11 @@ static fattn_status choose_backends(fattn_ctx *ctx, char *detail, size_t detail_
       ctx->backend[mode] = FATTN_BACKEND_CPU;
       continue;
     }
-    const int asked = want != FATTN_BACKEND_AUTO;
     if (want == FATTN_BACKEND_AUTO) want = auto_backend(mode, &l);
     char gap[160];
     if (mla && fattn__mla_mode_check(want, mode, gap, sizeof gap)) {
-      if (asked && !side_runs_mla(want, is_prefill_mode(mode)))
+      if (mode != FATTN_MODE_CROSS)
         return FAIL(FATTN_ERR_UNSUPPORTED, "%s %s: %s", which, want == FATTN_BACKEND_FA3 ? "FA3" : "FA2", gap);
-      if (ctx->n.cfg.graph_modes & (1u << mode))
-        return FAIL(FATTN_ERR_UNSUPPORTED, "graph_modes 0x%x: %s", ctx->n.cfg.graph_modes, gap);
       ctx->backend[mode] = FATTN_BACKEND_AUTO; /* no backend: fattn_plan refuses the mode */
       continue;
     }

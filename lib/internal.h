@@ -61,7 +61,7 @@ fattn_status fattn__normalize(const fattn_config *cfg, const fattn_model *model,
                               fattn__norm *out, char *detail, size_t detail_len);
 /* MLA on the GPU backends (lib/config.c, pure, so that the CPU suite reads the details that
  * create and plan give). fattn__mla_mode_check: FATTN_OK where backend has an MLA kernel for
- * mode (FA2: DECODE), else FATTN_ERR_UNSUPPORTED, the detail naming the mode and the backend.
+ * mode (FA2: every mode but CROSS), else FATTN_ERR_UNSUPPORTED, the detail naming the mode.
  * fattn__mla_options_check: FATTN_ERR_UNSUPPORTED naming the first option of n (with the layer
  * options and whether the model has sinks, which create copies out of n) that the MLA kernel
  * lacks: fp8 or mixed-type latent rows, softcap, sinks, a window, a chunk. */

@@ -495,6 +495,82 @@ static void group(const cfg *c, int n, const char *tag) {
   total_groups++;
 }
 
+#if !defined(FATTN_TEST_FA3) && !defined(FATTN_TEST_MLA90) /* store_kv runs fa2's kernel alone */
+/* One random store_kv step on layer shape l (its pools and page table made here): up to 40
+ * entries of up to 700 slots, each with new rows (DECODE: one) or none, on permuted pages; the
+ * kernel's pool bytes against the reference's. MLA layers have no V pool (v is NULL). Returns
+ * whether they are equal, having printed the case. */
+static int store_case(fattn__layer_params l, uint32_t mode) {
+  const uint32_t qt = l.q_dtype, kt = l.kv_dtype, ps = l.page_size, d = l.head_dim, kvh = l.num_kv_heads;
+  const uint32_t dvv = l.mla ? 0u : l.head_dim_v; /* V row elements, none for MLA */
+  uint32_t bs = 1 + rnd(40);
+  fattn__entry *e = fattn_test_xmalloc(bs * sizeof *e);
+  uint32_t maxkv = 1;
+  for (uint32_t i = 0; i < bs; i++) {
+    memset(&e[i], 0, sizeof e[i]);
+    e[i].kv_len = 1 + rnd(700);
+    e[i].new_len = rnd(4) ? (mode == FATTN_MODE_DECODE ? 1 : 1 + rnd(e[i].kv_len)) : 0;
+    e[i].q_len = e[i].new_len;
+    e[i].mask_row = UINT32_MAX;
+    e[i].seq = i;
+    if (e[i].kv_len > maxkv) maxkv = e[i].kv_len;
+  }
+  fattn__step_hdr h;
+  memset(&h, 0, sizeof h);
+  h.mode = mode; h.num_entries = bs; h.decode_groups = fattn__decode_groups(l.mla, l.num_q_heads, kvh); h.causal = 1;
+  h.max_splits = 1; h.target_ctas = 1;
+  fattn__prep(&h, e);
+  l.pages_per_seq = (maxkv + ps - 1) / ps;
+  l.num_pages = bs * l.pages_per_seq;
+  size_t pt_n = (size_t)bs * l.pages_per_seq;
+  int32_t *pt = fattn_test_xmalloc(pt_n * 4);
+  for (size_t i = 0; i < pt_n; i++) pt[i] = (int32_t)((i * 7919u) % pt_n); /* a permutation */
+  if (pt_n % 7919u == 0) for (size_t i = 0; i < pt_n; i++) pt[i] = (int32_t)(pt_n - 1 - i);
+  size_t slots = (size_t)l.num_pages * ps, kn = slots * kvh * d, vn = slots * kvh * dvv;
+  size_t nk = (size_t)h.num_new_tokens * kvh * d, nv = (size_t)h.num_new_tokens * kvh * dvv;
+  void *dk = dalloc(kn * esize(kt)), *dvp = dalloc(vn * esize(kt)), *dnk = dalloc(nk * 2), *dnv = dalloc(nv * 2);
+  int32_t *dpt = dalloc(pt_n * 4);
+  fattn__step_hdr *dh = dalloc(sizeof h);
+  fattn__entry *de = dalloc(bs * sizeof *e);
+  uint64_t seed = rng_next();
+  CK(fattn_test_gpu_randn(dk, kn, kt, 1.f, seed));
+  CK(fattn_test_gpu_randn(dvp, vn, kt, 1.f, seed + 1));
+  CK(fattn_test_gpu_randn(dnk, nk, qt, 2.f, seed + 2));
+  CK(fattn_test_gpu_randn(dnv, nv, qt, 2.f, seed + 3));
+  CK(cudaMemcpy(dpt, pt, pt_n * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dh, &h, sizeof h, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(de, e, bs * sizeof *e, cudaMemcpyHostToDevice));
+  void *hk = fattn_test_xmalloc(kn * esize(kt)), *hv = fattn_test_xmalloc(vn * esize(kt) + 1);
+  void *hnk = fattn_test_xmalloc(nk * 2 + 1), *hnv = fattn_test_xmalloc(nv * 2 + 1);
+  void *gk = fattn_test_xmalloc(kn * esize(kt)), *gv = fattn_test_xmalloc(vn * esize(kt) + 1);
+  CK(cudaMemcpy(hk, dk, kn * esize(kt), cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(hv, dvp, vn * esize(kt), cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(hnk, dnk, nk * 2, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(hnv, dnv, nv * 2, cudaMemcpyDeviceToHost));
+  fattn__layer_params dl = l;
+  dl.k_pool = dk; dl.v_pool = dvv ? dvp : NULL; dl.page_table = dpt;
+  fattn__step_params ds;
+  memset(&ds, 0, sizeof ds);
+  ds.mode = mode; ds.hdr = dh; ds.entries = de; ds.cap_entries = bs;
+  ds.cap_new_tokens = h.num_new_tokens + 9; /* blocks past the rows exit */
+  CK(fattn__fa2_store_kv(dl, ds, dnk, dvv ? dnv : NULL, NULL));
+  CK(cudaMemcpy(gk, dk, kn * esize(kt), cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(gv, dvp, vn * esize(kt), cudaMemcpyDeviceToHost));
+  fattn__layer_params hl = l;
+  hl.k_pool = hk; hl.v_pool = dvv ? hv : NULL; hl.page_table = pt;
+  fattn__step_params hs = ds;
+  hs.hdr = &h; hs.entries = e;
+  fattn__ref_store_kv(hl, hs, hnk, dvv ? hnv : NULL);
+  int ok = memcmp(gk, hk, kn * esize(kt)) == 0 && memcmp(gv, hv, vn * esize(kt)) == 0;
+  printf("store_kv %sd%u/%u %s/%s page%u: %u entries, %u rows, bytes %s\n", l.mla ? "mla " : "", d, l.head_dim_v,
+         dname(qt), dname(kt), ps, bs, h.num_new_tokens, ok ? "equal" : "DIFFER");
+  cudaFree(dk); cudaFree(dvp); cudaFree(dnk); cudaFree(dnv); cudaFree(dpt); cudaFree(dh); cudaFree(de);
+  free(hk); free(hv); free(hnk); free(hnv); free(gk); free(gv); free(pt); free(e);
+  return ok;
+}
+
+#endif
+
 /* ------------------------------------------------------------------- cases */
 
 #ifndef FATTN_TEST_MLA /* tests/gpu_mla.c brings its own cases */
@@ -507,73 +583,12 @@ static const uint32_t GQA[4][2] = {{4, 4}, {8, 2}, {8, 1}, {32, 1}};
 START_TEST(store_kv) {
   int fails = 0;
   for (int k = 0; k < 6; k++) {
-    uint32_t qt = k & 1 ? FP : BF, kt = k >= 4 ? F8 : qt, ps = PAGES[rnd(5)], d = DIMS[k][0], dvv = DIMS[k][1];
+    uint32_t qt = k & 1 ? FP : BF, kt = k >= 4 ? F8 : qt;
     fattn__layer_params l;
     memset(&l, 0, sizeof l);
-    l.num_q_heads = 8; l.num_kv_heads = 2; l.head_dim = d; l.head_dim_v = dvv; l.page_size = ps;
+    l.num_q_heads = 8; l.num_kv_heads = 2; l.head_dim = DIMS[k][0]; l.head_dim_v = DIMS[k][1]; l.page_size = PAGES[rnd(5)];
     l.q_dtype = qt; l.kv_dtype = kt; l.k_scale = kt == F8 ? 0.37f : 1.f; l.v_scale = kt == F8 ? 2.5f : 1.f;
-    uint32_t bs = 1 + rnd(40);
-    fattn__entry *e = fattn_test_xmalloc(bs * sizeof *e);
-    uint32_t maxkv = 1;
-    for (uint32_t i = 0; i < bs; i++) {
-      memset(&e[i], 0, sizeof e[i]);
-      e[i].kv_len = 1 + rnd(700);
-      e[i].new_len = rnd(4) ? 1 + rnd(e[i].kv_len) : 0;
-      e[i].q_len = e[i].new_len;
-      e[i].mask_row = UINT32_MAX;
-      e[i].seq = i;
-      if (e[i].kv_len > maxkv) maxkv = e[i].kv_len;
-    }
-    fattn__step_hdr h;
-    memset(&h, 0, sizeof h);
-    h.mode = FATTN_MODE_PREFILL; h.num_entries = bs; h.decode_groups = 2; h.causal = 1;
-    h.max_splits = 1; h.target_ctas = 1;
-    fattn__prep(&h, e);
-    l.pages_per_seq = (maxkv + ps - 1) / ps;
-    l.num_pages = bs * l.pages_per_seq;
-    size_t pt_n = (size_t)bs * l.pages_per_seq;
-    int32_t *pt = fattn_test_xmalloc(pt_n * 4);
-    for (size_t i = 0; i < pt_n; i++) pt[i] = (int32_t)((i * 7919u) % pt_n); /* a permutation */
-    if (pt_n % 7919u == 0) for (size_t i = 0; i < pt_n; i++) pt[i] = (int32_t)(pt_n - 1 - i);
-    size_t slots = (size_t)l.num_pages * ps, kn = slots * 2 * d, vn = slots * 2 * dvv;
-    size_t nk = (size_t)h.num_new_tokens * 2 * d, nv = (size_t)h.num_new_tokens * 2 * dvv;
-    void *dk = dalloc(kn * esize(kt)), *dvp = dalloc(vn * esize(kt)), *dnk = dalloc(nk * 2), *dnv = dalloc(nv * 2);
-    int32_t *dpt = dalloc(pt_n * 4);
-    fattn__step_hdr *dh = dalloc(sizeof h);
-    fattn__entry *de = dalloc(bs * sizeof *e);
-    uint64_t seed = rng_next();
-    CK(fattn_test_gpu_randn(dk, kn, kt, 1.f, seed));
-    CK(fattn_test_gpu_randn(dvp, vn, kt, 1.f, seed + 1));
-    CK(fattn_test_gpu_randn(dnk, nk, qt, 2.f, seed + 2));
-    CK(fattn_test_gpu_randn(dnv, nv, qt, 2.f, seed + 3));
-    CK(cudaMemcpy(dpt, pt, pt_n * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dh, &h, sizeof h, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(de, e, bs * sizeof *e, cudaMemcpyHostToDevice));
-    void *hk = fattn_test_xmalloc(kn * esize(kt)), *hv = fattn_test_xmalloc(vn * esize(kt)), *hnk = fattn_test_xmalloc(nk * 2), *hnv = fattn_test_xmalloc(nv * 2);
-    void *gk = fattn_test_xmalloc(kn * esize(kt)), *gv = fattn_test_xmalloc(vn * esize(kt));
-    CK(cudaMemcpy(hk, dk, kn * esize(kt), cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(hv, dvp, vn * esize(kt), cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(hnk, dnk, nk * 2, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(hnv, dnv, nv * 2, cudaMemcpyDeviceToHost));
-    fattn__layer_params dl = l;
-    dl.k_pool = dk; dl.v_pool = dvp; dl.page_table = dpt;
-    fattn__step_params ds;
-    memset(&ds, 0, sizeof ds);
-    ds.hdr = dh; ds.entries = de; ds.cap_entries = bs; ds.cap_new_tokens = h.num_new_tokens + 9;
-    CK(fattn__fa2_store_kv(dl, ds, dnk, dnv, NULL));
-    CK(cudaMemcpy(gk, dk, kn * esize(kt), cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(gv, dvp, vn * esize(kt), cudaMemcpyDeviceToHost));
-    fattn__layer_params hl = l;
-    hl.k_pool = hk; hl.v_pool = hv; hl.page_table = pt;
-    fattn__step_params hs = ds;
-    hs.hdr = &h; hs.entries = e;
-    fattn__ref_store_kv(hl, hs, hnk, hnv);
-    int ok = memcmp(gk, hk, kn * esize(kt)) == 0 && memcmp(gv, hv, vn * esize(kt)) == 0;
-    printf("store_kv d%u/%u %s/%s page%u: %u entries, %u rows, bytes %s\n", d, dvv, dname(qt), dname(kt), ps,
-           bs, h.num_new_tokens, ok ? "equal" : "DIFFER");
-    fails += !ok;
-    cudaFree(dk); cudaFree(dvp); cudaFree(dnk); cudaFree(dnv); cudaFree(dpt); cudaFree(dh); cudaFree(de);
-    free(hk); free(hv); free(hnk); free(hnv); free(gk); free(gv); free(pt); free(e);
+    fails += !store_case(l, FATTN_MODE_PREFILL);
   }
   ck_assert_int_eq(fails, 0);
 }

@@ -36,64 +36,12 @@ static cfg mla_cfg(uint32_t heads, uint32_t ps, uint32_t qt, uint32_t max_bs) {
 START_TEST(mla_store_kv) {
   int fails = 0;
   for (int k = 0; k < 4; k++) {
-    const uint32_t qt = k & 1 ? FP : BF, ps = MLA_PAGES[k], d = 576;
+    const uint32_t qt = k & 1 ? FP : BF;
     fattn__layer_params l;
     memset(&l, 0, sizeof l);
-    l.num_q_heads = 16; l.num_kv_heads = 1; l.head_dim = d; l.head_dim_v = 512; l.mla = 1; l.page_size = ps;
+    l.num_q_heads = 16; l.num_kv_heads = 1; l.head_dim = 576; l.head_dim_v = 512; l.mla = 1; l.page_size = MLA_PAGES[k];
     l.q_dtype = qt; l.kv_dtype = qt; l.k_scale = 1.f; l.v_scale = 1.f;
-    uint32_t bs = 1 + rnd(40), maxkv = 1;
-    fattn__entry *e = fattn_test_xmalloc(bs * sizeof *e);
-    for (uint32_t i = 0; i < bs; i++) {
-      memset(&e[i], 0, sizeof e[i]);
-      e[i].kv_len = 1 + rnd(700);
-      e[i].new_len = e[i].q_len = rnd(4) ? 1 : 0; /* decode: one new row, or none */
-      e[i].mask_row = UINT32_MAX;
-      e[i].seq = i;
-      if (e[i].kv_len > maxkv) maxkv = e[i].kv_len;
-    }
-    fattn__step_hdr h;
-    memset(&h, 0, sizeof h);
-    h.mode = FATTN_MODE_DECODE; h.num_entries = bs; h.decode_groups = 1; h.causal = 1;
-    h.max_splits = 1; h.target_ctas = 1;
-    fattn__prep(&h, e);
-    l.pages_per_seq = (maxkv + ps - 1) / ps;
-    l.num_pages = bs * l.pages_per_seq;
-    const size_t pt_n = (size_t)bs * l.pages_per_seq, kn = (size_t)l.num_pages * ps * d, nk = (size_t)h.num_new_tokens * d;
-    int32_t *pt = fattn_test_xmalloc(pt_n * 4);
-    for (size_t i = 0; i < pt_n; i++) pt[i] = (int32_t)(pt_n - 1 - i); /* pages in reverse */
-    void *dk = dalloc(kn * 2), *dnk = dalloc(nk * 2 + 16);
-    int32_t *dpt = dalloc(pt_n * 4);
-    fattn__step_hdr *dh = dalloc(sizeof h);
-    fattn__entry *de = dalloc(bs * sizeof *e);
-    const uint64_t seed = rng_next();
-    CK(fattn_test_gpu_randn(dk, kn, qt, 1.f, seed));
-    CK(fattn_test_gpu_randn(dnk, nk, qt, 2.f, seed + 1));
-    CK(cudaMemcpy(dpt, pt, pt_n * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dh, &h, sizeof h, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(de, e, bs * sizeof *e, cudaMemcpyHostToDevice));
-    void *hk = fattn_test_xmalloc(kn * 2), *hnk = fattn_test_xmalloc(nk * 2 + 16), *gk = fattn_test_xmalloc(kn * 2);
-    CK(cudaMemcpy(hk, dk, kn * 2, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(hnk, dnk, nk * 2, cudaMemcpyDeviceToHost));
-    fattn__layer_params dl = l;
-    dl.k_pool = dk; dl.page_table = dpt;
-    fattn__step_params ds;
-    memset(&ds, 0, sizeof ds);
-    ds.mode = FATTN_MODE_DECODE; ds.hdr = dh; ds.entries = de; ds.cap_entries = bs;
-    ds.cap_new_tokens = h.num_new_tokens + 5; /* blocks past the rows exit */
-    if (h.num_new_tokens) CK(fattn__fa2_store_kv(dl, ds, dnk, NULL, NULL));
-    CK(cudaDeviceSynchronize());
-    CK(cudaMemcpy(gk, dk, kn * 2, cudaMemcpyDeviceToHost));
-    fattn__layer_params hl = l;
-    hl.k_pool = hk; hl.page_table = pt;
-    fattn__step_params hs = ds;
-    hs.hdr = &h; hs.entries = e;
-    if (h.num_new_tokens) fattn__ref_store_kv(hl, hs, hnk, NULL);
-    const int ok = memcmp(gk, hk, kn * 2) == 0;
-    printf("mla store_kv %s page%u: %u entries, %u rows, bytes %s\n", dname(qt), ps, bs, h.num_new_tokens,
-           ok ? "equal" : "DIFFER");
-    fails += !ok;
-    cudaFree(dk); cudaFree(dnk); cudaFree(dpt); cudaFree(dh); cudaFree(de);
-    free(hk); free(hnk); free(gk); free(pt); free(e);
+    fails += !store_case(l, FATTN_MODE_DECODE);
   }
   ck_assert_int_eq(fails, 0);
 }
