@@ -18,6 +18,9 @@
 #define FATTN__PAGE_NONE 0xFFFFFFFFu
 /* Query tile the prep routine counts tiles in (kernels may use multiples of it). */
 #define FATTN__Q_TILE 64u
+/* Two query tiles: the Hopper kernels' work unit, counted apart so that their claims need no
+ * skipping of odd tiles. */
+#define FATTN__Q_PAIR (2u * FATTN__Q_TILE)
 /* A split covers a multiple of this many KV slots (a multiple of the decode tile's 64). */
 #define FATTN__SPLIT_ALIGN 128u
 /* Split rows available per allowed split (workspace size = max_splits * this). */
@@ -67,7 +70,7 @@ typedef struct fattn__entry {
   uint32_t num_splits; /* split-KV pieces (1: no split) */
   uint32_t split_len;  /* KV slots per split, a multiple of FATTN__SPLIT_ALIGN(_SHORT) */
   uint32_t split_row;  /* first workspace row: row of (token t, split s) = split_row + t * num_splits + s */
-  uint32_t reserved;
+  uint32_t pair_start; /* prefix sum of ceil(q_len / FATTN__Q_PAIR): the Hopper kernels' work units */
 } fattn__entry;
 
 /* Step header: counts the kernels read on the device (graphs replay with new counts). */
@@ -91,6 +94,7 @@ typedef struct fattn__step_hdr {
   uint32_t num_mask_rows;
   uint32_t num_live;      /* entries before graph padding (0: all); the split policy counts these */
   uint32_t decode_resident; /* blocks an SM of the one-query decode kind (fattn__decode_resident) */
+  uint32_t num_pairs;     /* filled by prep: total tile pairs (FATTN__Q_PAIR rows) */
 } fattn__step_hdr;
 
 /* An entry as the planner stages it in pinned memory: 16 bytes where the full entry takes 48, so
@@ -109,7 +113,7 @@ FATTN__HD void fattn__unstage(const fattn__step_hdr *h, const fattn__staged *s, 
   x->kv_len = s->kv_len;
   x->new_len = s->new_len;
   x->mask_row = per && i < live ? i * per : UINT32_MAX;
-  x->q_start = x->new_start = x->tile_start = x->num_splits = x->split_len = x->split_row = x->reserved = 0u;
+  x->q_start = x->new_start = x->tile_start = x->num_splits = x->split_len = x->split_row = x->pair_start = 0u;
 }
 
 /* Page-table update: row[index .. index + count) = the next count words of the payload. */
@@ -250,19 +254,21 @@ FATTN__HD void fattn__unsplit(fattn__entry *x) {
 
 /* Fills the derived fields of entries and header (the host's sequential version). */
 FATTN__HD void fattn__prep(fattn__step_hdr *h, fattn__entry *e) {
-  uint32_t q = 0, nw = 0, tiles = 0;
+  uint32_t q = 0, nw = 0, tiles = 0, pairs = 0;
   uint64_t rows = 0;
   for (uint32_t i = 0; i < h->num_entries; i++) {
     fattn__entry *x = &e[i];
     x->q_start = q;
     x->new_start = nw;
     x->tile_start = tiles;
+    x->pair_start = pairs;
     fattn__split_of(h, x);
     x->split_row = x->num_splits > 1u ? (uint32_t)rows : UINT32_MAX;
     rows += fattn__split_rows(x);
     q += x->q_len;
     nw += x->new_len;
     tiles += fattn__ceil_div(x->q_len, FATTN__Q_TILE);
+    pairs += fattn__ceil_div(x->q_len, FATTN__Q_PAIR);
   }
   if (rows > h->split_rows_cap) {
     for (uint32_t i = 0; i < h->num_entries; i++) fattn__unsplit(&e[i]);
@@ -271,6 +277,7 @@ FATTN__HD void fattn__prep(fattn__step_hdr *h, fattn__entry *e) {
   h->num_q_tokens = q;
   h->num_new_tokens = nw;
   h->num_tiles = tiles;
+  h->num_pairs = pairs;
   h->num_split_rows = (uint32_t)rows;
 }
 

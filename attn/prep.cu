@@ -32,14 +32,17 @@ typedef struct prep_args {
 } prep_args;
 
 enum { PREP_THREADS = 1024, PREP_WARPS = PREP_THREADS / 32 };
+/* The entries' prefix sums: q tokens, new tokens, tiles, split rows, tile pairs. */
+enum { PREP_COUNTERS = 5 };
 static_assert(sizeof(fattn__mailbox) % 16 == 0 && sizeof(fattn__post) % 16 == 0, "a mailbox is read as 16-byte words");
 
-/* Exclusive block-wide prefix sums of four counters; totals in tot. All threads call it. */
-__device__ void block_scan4(const unsigned long long v[4], unsigned long long ex[4], unsigned long long tot[4]) {
-  __shared__ unsigned long long warp_sum[4][PREP_WARPS];
+/* Exclusive block-wide prefix sums of the counters; totals in tot. All threads call it. */
+__device__ void block_scan(const unsigned long long v[PREP_COUNTERS], unsigned long long ex[PREP_COUNTERS],
+                           unsigned long long tot[PREP_COUNTERS]) {
+  __shared__ unsigned long long warp_sum[PREP_COUNTERS][PREP_WARPS];
   const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  unsigned long long inc[4];
-  for (int k = 0; k < 4; k++) {
+  unsigned long long inc[PREP_COUNTERS];
+  for (int k = 0; k < PREP_COUNTERS; k++) {
     inc[k] = v[k];
     for (int o = 1; o < 32; o *= 2) {
       unsigned long long y = __shfl_up_sync(0xffffffffu, inc[k], o);
@@ -49,7 +52,7 @@ __device__ void block_scan4(const unsigned long long v[4], unsigned long long ex
   }
   __syncthreads();
   if (warp == 0)
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < PREP_COUNTERS; k++) {
       unsigned long long w = warp_sum[k][lane], x = w;
       for (int o = 1; o < 32; o *= 2) {
         unsigned long long y = __shfl_up_sync(0xffffffffu, x, o);
@@ -58,12 +61,12 @@ __device__ void block_scan4(const unsigned long long v[4], unsigned long long ex
       warp_sum[k][lane] = x - w; /* exclusive over warps */
     }
   __syncthreads();
-  for (int k = 0; k < 4; k++) ex[k] = warp_sum[k][warp] + inc[k] - v[k];
-  __shared__ unsigned long long last[4]; /* the last thread's inclusive sums are the totals */
+  for (int k = 0; k < PREP_COUNTERS; k++) ex[k] = warp_sum[k][warp] + inc[k] - v[k];
+  __shared__ unsigned long long last[PREP_COUNTERS]; /* the last thread's inclusive sums are the totals */
   if (threadIdx.x == PREP_THREADS - 1)
-    for (int k = 0; k < 4; k++) last[k] = ex[k] + v[k];
+    for (int k = 0; k < PREP_COUNTERS; k++) last[k] = ex[k] + v[k];
   __syncthreads();
-  for (int k = 0; k < 4; k++) tot[k] = last[k];
+  for (int k = 0; k < PREP_COUNTERS; k++) tot[k] = last[k];
   __syncthreads();
 }
 
@@ -158,24 +161,26 @@ __global__ void __launch_bounds__(PREP_THREADS) prep_kernel(prep_args a) {
     __syncthreads();
   }
   fattn__entry *e = (fattn__entry *)(a.meta + a.off_entries);
-  unsigned long long carry[4] = {0, 0, 0, 0}; /* q tokens, new tokens, tiles, split rows */
+  unsigned long long carry[PREP_COUNTERS] = {0, 0, 0, 0, 0};
   for (uint32_t base = 0; base < n; base += PREP_THREADS) {
     uint32_t i = base + tid;
-    unsigned long long v[4] = {0, 0, 0, 0}, ex[4], tot[4];
+    unsigned long long v[PREP_COUNTERS] = {0, 0, 0, 0, 0}, ex[PREP_COUNTERS], tot[PREP_COUNTERS];
     if (base && i < n) x = load_entry(h, se, i);
     if (i < n) {
       fattn__split_of(&h, &x);
       v[0] = x.q_len, v[1] = x.new_len, v[2] = fattn__ceil_div(x.q_len, FATTN__Q_TILE), v[3] = fattn__split_rows(&x);
+      v[4] = fattn__ceil_div(x.q_len, FATTN__Q_PAIR);
     }
-    block_scan4(v, ex, tot);
+    block_scan(v, ex, tot);
     if (i < n) {
       x.q_start = (uint32_t)(carry[0] + ex[0]);
       x.new_start = (uint32_t)(carry[1] + ex[1]);
       x.tile_start = (uint32_t)(carry[2] + ex[2]);
       x.split_row = x.num_splits > 1u ? (uint32_t)(carry[3] + ex[3]) : UINT32_MAX;
+      x.pair_start = (uint32_t)(carry[4] + ex[4]);
       e[i] = x;
     }
-    for (int k = 0; k < 4; k++) carry[k] += tot[k];
+    for (int k = 0; k < PREP_COUNTERS; k++) carry[k] += tot[k];
   }
   const int unsplit = carry[3] > h.split_rows_cap;
   __syncthreads();
@@ -186,6 +191,7 @@ __global__ void __launch_bounds__(PREP_THREADS) prep_kernel(prep_args a) {
     o.num_q_tokens = (uint32_t)carry[0];
     o.num_new_tokens = (uint32_t)carry[1];
     o.num_tiles = (uint32_t)carry[2];
+    o.num_pairs = (uint32_t)carry[4];
     o.num_split_rows = unsplit ? 0u : (uint32_t)carry[3];
     *(fattn__step_hdr *)a.meta = o;
   }

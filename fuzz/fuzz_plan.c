@@ -218,15 +218,17 @@ static void check_step(const fattn_batch *b, uint32_t n, uint64_t q_total, const
               s->mode, s->cap_entries, h->num_entries, h->num_live, b->mode, n, all);
   if (s->cap_q_tokens != q_total || h->num_q_tokens != q_total)
     FUZZ_FAIL("step: %u / %u query tokens, batch has %llu", s->cap_q_tokens, h->num_q_tokens, (unsigned long long)q_total);
-  uint64_t q = 0, nw = 0, tiles = 0, rows = 0;
+  uint64_t q = 0, nw = 0, tiles = 0, pairs = 0, rows = 0;
   for (uint32_t i = 0; i < all; i++) {
     const fattn__entry *e = &s->entries[i];
-    if (e->q_start != q || e->new_start != nw || e->tile_start != tiles)
-      FUZZ_FAIL("entry %u: starts q %u new %u tile %u, prefix sums are %llu %llu %llu", i, e->q_start, e->new_start,
-                e->tile_start, (unsigned long long)q, (unsigned long long)nw, (unsigned long long)tiles);
+    if (e->q_start != q || e->new_start != nw || e->tile_start != tiles || e->pair_start != pairs)
+      FUZZ_FAIL("entry %u: starts q %u new %u tile %u pair %u, prefix sums are %llu %llu %llu %llu", i, e->q_start,
+                e->new_start, e->tile_start, e->pair_start, (unsigned long long)q, (unsigned long long)nw,
+                (unsigned long long)tiles, (unsigned long long)pairs);
     q += e->q_len;
     nw += e->new_len;
     tiles += (e->q_len + (uint64_t)FATTN__Q_TILE - 1) / FATTN__Q_TILE;
+    pairs += (e->q_len + (uint64_t)FATTN__Q_PAIR - 1) / FATTN__Q_PAIR;
     if (i >= n) { /* padding: sees nothing, stores nothing */
       if (e->q_len != t->pad_q_len || e->kv_len || e->new_len || e->num_splits != 1 || e->split_row != UINT32_MAX ||
           e->mask_row != UINT32_MAX)
@@ -260,6 +262,8 @@ static void check_step(const fattn_batch *b, uint32_t n, uint64_t q_total, const
   if (s->cap_tiles != tiles || h->num_tiles != tiles)
     FUZZ_FAIL("step: %u / %u query tiles, %llu query tokens need %llu", s->cap_tiles, h->num_tiles,
               (unsigned long long)q, (unsigned long long)tiles);
+  if (h->num_pairs != pairs)
+    FUZZ_FAIL("step: %u tile pairs, entries add up to %llu", h->num_pairs, (unsigned long long)pairs);
   if (h->num_split_rows != rows || rows > ctx->lay.split_rows_cap)
     FUZZ_FAIL("step: %u split rows, entries use %llu of %u", h->num_split_rows, (unsigned long long)rows,
               ctx->lay.split_rows_cap);

@@ -25,8 +25,7 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
   const fattn__layer_params &l = a.k.l;
   const uint32_t d = l.head_dim;
   const uint32_t tid = threadIdx.x % 128u, warp = tid / 32u, lane = tid % 32u, g = lane / 4u, c4 = lane % 4u;
-  const uint32_t num_tiles = a.k.s.hdr->num_tiles, causal = a.k.s.hdr->causal;
-  const uint32_t work = a.k.s.hdr->num_entries ? num_tiles * l.num_q_heads : 0u;
+  const uint32_t num_pairs = a.k.s.hdr->num_pairs, causal = a.k.s.hdr->causal, work = fa3__work(a, num_pairs);
   c = (int)fa3__uniform((uint32_t)c); /* as the item and the block count: the issue is uniform */
   char *qs = sm->q[c];
   const uint32_t kv_lo = fa3__desc_lo(sm->kv[0], 0u), v_lo = fa3__desc_lo(sm->kv[0] + C::K_BYTES, C::KV_SLAB);
@@ -68,15 +67,15 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
     item.w = fa3__uniform(item.w);
     if (item.w < work) {
       fa3__tile t;
-      fa3__tile_of<BN>(a, item.w, item.ei, num_tiles, &t);
+      fa3__tile_of<BN>(a, item.w, item.ei, num_pairs, &t);
       load_q(t);
     }
     return item;
   };
   fa3__item item = take(0u);
-  for (uint32_t k = 0; item.w < work; k++) { /* whole tiles: the producer skipped halves */
+  for (uint32_t k = 0; item.w < work; k++) {
     fa3__tile t;
-    fa3__tile_of<BN>(a, item.w, item.ei, num_tiles, &t);
+    fa3__tile_of<BN>(a, item.w, item.ei, num_pairs, &t);
     t.nblk = fa3__uniform(t.nblk);
     fa2__wait<0>();
     fa3__fence_async();

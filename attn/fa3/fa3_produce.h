@@ -22,19 +22,22 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
   constexpr int CK = DK * EB / 16, CV = DV * EB / 16;     /* 16-byte chunks a row as loaded */
   const uint32_t tid = threadIdx.x, G = a.k.l.num_q_heads / a.k.l.num_kv_heads;
   const uint32_t d = a.k.l.head_dim, dv = a.k.l.head_dim_v, nkv = a.k.l.num_kv_heads;
-  const uint32_t psm = (1u << a.k.ps_shift) - 1u, num_tiles = a.k.s.hdr->num_tiles;
-  const uint32_t work = a.k.s.hdr->num_entries ? num_tiles * a.k.l.num_q_heads : 0u;
+  const uint32_t psm = (1u << a.k.ps_shift) - 1u, num_pairs = a.k.s.hdr->num_pairs;
+  const uint32_t work = fa3__work(a, num_pairs);
   fa3__ring<ST> at; /* the next block's stage */
   for (uint32_t k = 0;; k++) {
-    if (tid == 0u) fa3__sched_post(a, sm, k, work, num_tiles);
-    fa3__sync(FA3__BAR_PRODUCER, 128);
-    const uint32_t cur = sm->ring_w[k & 1u]; /* the slot is rewritten two items later, after this barrier's next use */
+    /* Inside the loop: posted before it, the first item tipped the consumers' registers into
+     * spilling (ptxas allocates the whole kernel at once). */
+    if (k == 0u && tid == 0u) fa3__sched_post(a, sm, 0u, work, num_pairs);
+    fa3__sync(FA3__BAR_PRODUCER, 128); /* item k is posted */
+    /* the slot is written again for item k + 4, posted during item k + 3: past three more of these barriers */
+    const uint32_t slot = k % FA3__SCHED_SLOTS, cur = sm->ring_w[slot];
     if (cur >= work) break;
     fa3__tile t;
-    fa3__tile_of<BN>(a, cur, sm->ring_entry[k & 1u], num_tiles, &t);
+    fa3__tile_of<BN>(a, cur, sm->ring_entry[slot], num_pairs, &t);
     const uint32_t kvh = t.hq / G;
     const int32_t *pt = a.k.l.page_table + (size_t)t.e.seq * a.k.l.pages_per_seq;
-    for (uint32_t blk = 0; blk < t.nblk; blk++, at.next()) {
+    auto load = [&](uint32_t blk) {
       const uint32_t s = at.stage, ph = at.phase, j0 = t.kb + blk * BN;
       char *kd = sm->kv[s], *vd = kd + C::K_BYTES;
       if (fa3__by_tma<BN, F8>(a, t, j0)) {
@@ -62,7 +65,7 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
           for (int sl = 0; sl < C::SV; sl++)
             fa3__tma3(vd + sl * C::KV_SLAB + lane * pb * 128u, tv, sl * 64, (int)kvh, row, &sm->full_v[s]);
         }
-        continue;
+        return;
       }
       /* Gather: thread tid keeps row tid % BN; zeros past the range and past d. */
       const uint32_t r = tid % BN, j = j0 + r;
@@ -124,6 +127,14 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
           fa3__arrive(&sm->full_v[s]);
         }
       }
+    };
+    /* Item k + 1 is posted once this item's first block is on its way. */
+    for (uint32_t blk = 0; blk < t.nblk || blk == 0u; blk++) {
+      if (blk < t.nblk) {
+        load(blk);
+        at.next();
+      }
+      if (blk == 0u && tid == 0u) fa3__sched_post(a, sm, k + 1u, work, num_pairs);
     }
   }
   if (tid == 0u) fa3__sched_done(a.k.s.tile_counter);

@@ -16,7 +16,8 @@ typedef struct fa3__args {
 
 #ifdef __CUDACC__
 
-/* One unit of work: 128 query rows of one q head (two planner tiles of 64) and its KV range. */
+/* One unit of work: a tile pair (FATTN__Q_PAIR query rows, the planner's two tiles of 64) of
+ * one q head, and its KV range. */
 typedef struct fa3__tile {
   fattn__entry e;
   uint32_t hq, R0;       /* q head; first query row of the entry */
@@ -38,64 +39,82 @@ typedef struct fa3__item {
   uint32_t w, ei;
 } fa3__item;
 
-/* The order of the work items: w is (planner tile b, q head hq), the largest tile index first
- * (causal tiles with most KV go first), the q heads of a tile side by side. */
-__device__ __forceinline__ uint32_t fa3__item_at(const fa3__args &a, uint32_t w, uint32_t num_tiles, uint32_t *hq) {
+/* Work items of a step: a tile pair and a q head each. */
+__device__ __forceinline__ uint32_t fa3__work(const fa3__args &a, uint32_t num_pairs) {
+  return a.k.s.hdr->num_entries ? num_pairs * a.k.l.num_q_heads : 0u;
+}
+
+/* The order of the work items: w is (tile pair p, q head hq), the last pair first (causal pairs
+ * with most KV go first), the q heads of a pair side by side. */
+__device__ __forceinline__ uint32_t fa3__pair_at(const fa3__args &a, uint32_t w, uint32_t num_pairs, uint32_t *hq) {
   *hq = w % a.k.l.num_q_heads;
-  return num_tiles - 1u - w / a.k.l.num_q_heads;
+  return num_pairs - 1u - w / a.k.l.num_q_heads;
 }
 
 /* Work item w of entry ei, made into its tile: rows, head and KV blocks. */
 template <int BN>
-__device__ __forceinline__ void fa3__tile_of(const fa3__args &a, uint32_t w, uint32_t ei, uint32_t num_tiles,
+__device__ __forceinline__ void fa3__tile_of(const fa3__args &a, uint32_t w, uint32_t ei, uint32_t num_pairs,
                                              fa3__tile *t) {
   const fattn__step_hdr *hdr = a.k.s.hdr;
-  const uint32_t b = fa3__item_at(a, w, num_tiles, &t->hq);
+  const uint32_t p = fa3__pair_at(a, w, num_pairs, &t->hq);
   t->e = a.k.s.entries[ei];
-  const uint32_t local = b - t->e.tile_start;
-  t->R0 = local * 64u;
+  t->R0 = (p - t->e.pair_start) * FATTN__Q_PAIR;
   t->tree = hdr->mode == FATTN_MODE_TARGET_VERIFY && t->e.mask_row != UINT32_MAX && a.k.s.mask;
-  const uint32_t last = min(t->R0 + 127u, t->e.q_len - 1u);
+  const uint32_t last = min(t->R0 + FATTN__Q_PAIR - 1u, t->e.q_len - 1u);
   fattn__kv_range r = fattn__rows_range(&a.k.l, (int)hdr->causal, t->tree, t->e.q_len, t->e.kv_len, t->R0, last);
   t->kb = r.lo_any / BN * BN;
   t->ke = r.hi_any;
   t->nblk = t->ke > t->kb ? (t->ke - t->kb + BN - 1u) / BN : 0u;
 }
 
+/* The entry owning tile pair p: the last with pair_start <= p. */
+__device__ __forceinline__ uint32_t fa3__find_pair(const fattn__entry *e, uint32_t n, uint32_t p) {
+  uint32_t lo = 0, hi = n; /* answer in [lo, hi) */
+  while (hi - lo > 1u) {
+    uint32_t mid = (lo + hi) >> 1;
+    if (e[mid].pair_start <= p) lo = mid; else hi = mid;
+  }
+  return lo;
+}
+
 /* The scheduler's contract. Blocks are persistent; the producer's thread 0 runs it:
  * (sm: the shared-memory plan, whose sched_full / sched_empty mbarriers and ring_w / ring_entry
- * words are the ring)
+ * words are a ring of FA3__SCHED_SLOTS)
  *   post(k)  claims the block's k-th item (k = 0: its own index; later ones from an atomic
- *            counter, so a block that drew short causal tiles takes more of them), skips the
- *            items that are second halves of 128-row tiles, finds the item's entry once, and
- *            posts both to a ring of two slots;
+ *            counter, so a block that drew short causal items takes more of them), finds its
+ *            entry and posts both to the ring;
  *   take(k)  is each consumer warp's side: the k-th item, its slot freed;
  *   done()   the last block to finish puts the counter back to 0 for the next launch.
- * The producer runs stages ahead of the consumers, so a claim's round trip hides behind the
- * last stages of the tile before, and the entry's binary search is off the consumers' path. */
-static __device__ __noinline__ fa3__item fa3__claim(const fa3__args &a, uint32_t k, uint32_t work, uint32_t num_tiles) {
-  const uint32_t n = a.k.s.hdr->num_entries;
-  for (uint32_t w = k ? gridDim.x + atomicAdd(a.k.s.tile_counter, 1u) : blockIdx.x;;
-       w = gridDim.x + atomicAdd(a.k.s.tile_counter, 1u)) {
-    if (w >= work) return fa3__item{w, 0u};
+ * The producer posts item k + 1 once item k's first block is on its way (fa3_produce.h), so
+ * the claim's round trip and the entry's search run while the stages fill, not between the
+ * last load of one item and the first of the next. Items are whole tile pairs: no claim is
+ * spent on a half. */
+enum { FA3__SCHED_SLOTS = 4 };
+/* A call of its own: inlined, its registers tipped the consumers' allocation into spilling
+ * (ptxas allocates the whole kernel at once). */
+static __device__ __noinline__ fa3__item fa3__claim(const fa3__args &a, uint32_t k, uint32_t work, uint32_t num_pairs) {
+  fa3__item item = {k ? gridDim.x + atomicAdd(a.k.s.tile_counter, 1u) : blockIdx.x, 0u};
+  if (item.w < work) {
     uint32_t hq;
-    const uint32_t b = fa3__item_at(a, w, num_tiles, &hq), ei = fa2__find(a.k.s.entries, n, b);
-    if (((b - a.k.s.entries[ei].tile_start) & 1u) == 0u) return fa3__item{w, ei}; /* a whole tile starts on an even local index */
+    item.ei = fa3__find_pair(a.k.s.entries, a.k.s.hdr->num_entries, fa3__pair_at(a, item.w, num_pairs, &hq));
   }
+  return item;
 }
 template <typename P>
-__device__ __forceinline__ void fa3__sched_post(const fa3__args &a, P *sm, uint32_t k, uint32_t work, uint32_t num_tiles) {
-  const fa3__item item = fa3__claim(a, k, work, num_tiles);
-  fa3__wait(&sm->sched_empty[k & 1u], ((k >> 1) & 1u) ^ 1u);
-  sm->ring_w[k & 1u] = item.w;
-  sm->ring_entry[k & 1u] = item.ei;
-  fa3__arrive(&sm->sched_full[k & 1u]);
+__device__ __forceinline__ void fa3__sched_post(const fa3__args &a, P *sm, uint32_t k, uint32_t work, uint32_t num_pairs) {
+  const fa3__item item = fa3__claim(a, k, work, num_pairs);
+  const uint32_t slot = k % FA3__SCHED_SLOTS, round = k / FA3__SCHED_SLOTS;
+  fa3__wait(&sm->sched_empty[slot], (round & 1u) ^ 1u);
+  sm->ring_w[slot] = item.w;
+  sm->ring_entry[slot] = item.ei;
+  fa3__arrive(&sm->sched_full[slot]);
 }
 template <typename P> __device__ __forceinline__ fa3__item fa3__sched_take(P *sm, uint32_t k) {
-  fa3__wait(&sm->sched_full[k & 1u], (k >> 1) & 1u);
-  const fa3__item item = {sm->ring_w[k & 1u], sm->ring_entry[k & 1u]};
+  const uint32_t slot = k % FA3__SCHED_SLOTS, round = k / FA3__SCHED_SLOTS;
+  fa3__wait(&sm->sched_full[slot], round & 1u);
+  const fa3__item item = {sm->ring_w[slot], sm->ring_entry[slot]};
   __syncwarp();
-  if (threadIdx.x % 32u == 0u) fa3__arrive(&sm->sched_empty[k & 1u]);
+  if (threadIdx.x % 32u == 0u) fa3__arrive(&sm->sched_empty[slot]);
   return item;
 }
 /* By the time the last block finishes, every block has made its last claim. */

@@ -43,6 +43,7 @@ static inline uint32_t fa3__tile_slots(uint32_t head_dim, uint32_t head_dim_v) {
 
 #ifdef __CUDACC__
 
+#include "attn/fa3/fa3_sched.h"
 #include "attn/fa3/fa3_softmax.h"
 
 template <int DK, int DV> struct fa3__row;
@@ -79,8 +80,8 @@ template <int DK, int DV, bool F8> struct fa3__smem {
   char raw[C::RAW];           /* fp8: the producer's landing area */
   uint64_t full_k[C::ST], full_v[C::ST];   /* a stage's K / V landed (producer arrives) */
   uint64_t empty_k[C::ST], empty_v[C::ST]; /* a stage's K / V read (one arrive a consumer warp) */
-  uint64_t sched_full[2], sched_empty[2];  /* the scheduler's ring of two slots */
-  uint32_t ring_w[2], ring_entry[2];       /* its slots: work item, entry */
+  uint64_t sched_full[FA3__SCHED_SLOTS], sched_empty[FA3__SCHED_SLOTS]; /* the scheduler's ring */
+  uint32_t ring_w[FA3__SCHED_SLOTS], ring_entry[FA3__SCHED_SLOTS];      /* its slots: work item, entry */
 };
 template <int DK, int DV, bool F8> struct fa3__plan {
   static constexpr int SMEM = 1024 + (int)sizeof(fa3__smem<DK, DV, F8>);
