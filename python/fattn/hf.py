@@ -1,5 +1,6 @@
 # hf.py: a Hugging Face transformers attention backend over fattn: every attention layer of a
 # model stores its K/V in fattn's pages and attends there, one fattn sequence per batch row.
+# MLA layers (DeepSeek-V3) keep their latent rows in the pages and attend in absorbed form.
 import math
 
 import torch
@@ -73,9 +74,14 @@ class Backend:
         model_desc = {"num_layers": len(self.attn), "num_q_heads": config.num_attention_heads,
                       "num_kv_heads": getattr(config, "num_key_value_heads", None)
                       or config.num_attention_heads,
-                      "head_dim": self.attn[0].head_dim, "softmax_scale": self.scale,
-                      "logit_softcap": self.softcap or 0.0,
+                      "softmax_scale": self.scale, "logit_softcap": self.softcap or 0.0,
                       "layers": [opts for opts, _ in layers]}
+        self.mla = hasattr(self.attn[0], "kv_b_proj")
+        self.absorbed = None
+        if self.mla:
+            model_desc.update(self._mla_desc(self.attn[0]))
+        else:
+            model_desc["head_dim"] = self.attn[0].head_dim
         self.sinks = None
         if hasattr(self.attn[0], "sinks"):
             self.sinks = torch.stack([m.sinks.detach().float().cpu() for m in self.attn])
@@ -96,6 +102,22 @@ class Backend:
         model.set_attn_implementation(NAME)
         self._cache = None    # the PagedCache handed out last
         self._stepping = None  # the cache whose update ran just before the next attention
+        self._latent = None    # MLA: that update's latent rows and rope keys
+
+    def _mla_desc(self, m):
+        """The fattn model fields of MLA layers like m, and each layer's absorbed weights:
+        kv_b_proj [heads * (nope + v), latent] split into the key part W_UK [heads, nope,
+        latent], which q_nope goes through (q_nope . W_UK c = q_nope . k_nope), and the value
+        part W_UV [heads, v, latent], which the latent output goes through. Float32, on the
+        module's device, taken here: use() comes after the weights are loaded."""
+        heads, latent, rope = m.num_heads, m.kv_lora_rank, m.qk_rope_head_dim
+        nope, v = m.qk_nope_head_dim, m.v_head_dim
+        self.absorbed = []
+        for a in self.attn:
+            w = a.kv_b_proj.weight.detach().float().view(heads, nope + v, latent)
+            self.absorbed.append((w[:, :nope], w[:, nope:]))
+        return {"num_kv_heads": 1, "head_dim": latent + rope, "head_dim_v": latent,
+                "mla_latent_dim": latent, "mla_rope_dim": rope}
 
     def cache(self):
         """A new PagedCache for one generation. The sinks are compared here, once a generation
@@ -136,6 +158,8 @@ class Backend:
                              "padding mask [batch, tokens] (masks are fattn's own)")
         if layer == 0:
             cache.plan(real)
+        if self.mla:
+            return self._attend_mla(module, query, real)
         # Token-major rows, row after row: the order of the planned batch's entries.
         q, k, v = (t.transpose(1, 2)[real].to(self.device, self.torch_dtype).contiguous()
                    for t in (query, key, value))
@@ -144,6 +168,29 @@ class Backend:
         self.ctx.attend(layer, q, out)
         result = query.new_zeros(batch, tokens, *out.shape[1:])
         result[real] = out.to(query.device, query.dtype)
+        return result, None
+
+    def _attend_mla(self, module, query, real):
+        """Absorbed MLA: the step's latent rows [kv_nope, k_rope] (576 a token) go to the pages;
+        q = [q_nope W_UK, q_rope] attends over them; the latent output goes through W_UV. The
+        expanded K and V the module made for its own attention are not used."""
+        if self._latent is None:
+            raise ValueError(f"cache: layer {module.layer_idx} attends without its latent rows "
+                             "(the module did not update the cache)")
+        (kv_nope, k_rope), self._latent = self._latent, None
+        w_uk, w_uv = self.absorbed[module.layer_idx]
+        nope = module.qk_nope_head_dim
+        latent = torch.cat((kv_nope, k_rope), dim=-1).transpose(1, 2)[real]  # [n, 1, 576]
+        q_latent = torch.einsum("bhtd,hdc->bhtc", query[..., :nope].float(), w_uk)
+        q = torch.cat((q_latent, query[..., nope:].float()), dim=-1).transpose(1, 2)[real]
+        q = q.to(self.device, self.torch_dtype).contiguous()
+        out = q.new_empty(q.shape[0], q.shape[1], w_uk.shape[-1])
+        self.ctx.store_kv(module.layer_idx, latent.to(self.device, self.torch_dtype).contiguous(),
+                          None)
+        self.ctx.attend(module.layer_idx, q, out)
+        o = torch.einsum("nhc,hvc->nhv", out.to(query.device).float(), w_uv)
+        result = query.new_zeros(*real.shape, o.shape[1], o.shape[2])
+        result[real] = o.to(query.dtype)
         return result, None
 
     def _check(self, layer, scaling, dropout, kwargs):
@@ -201,8 +248,11 @@ class PagedCache(Cache):
         self.seqs, self.lengths = None, None
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        # The attention call that follows in the same module reads the step's sequences here.
+        # The attention call that follows in the same module reads the step's sequences here
+        # (and, for MLA, the step's latent rows: the module passes kv_nope and k_rope).
         self.backend._stepping = self
+        if self.backend.mla:
+            self.backend._latent = (key_states, value_states)
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
     def plan(self, real):

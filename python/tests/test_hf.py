@@ -42,8 +42,16 @@ def configs():
                                               "intermediate_size_mlp": 256,
                                               "num_local_experts": 1, "num_experts_per_tok": 1,
                                               "layer_types": ["chunked_attention",
-                                                              "full_attention"]})}
-    return {name: (getattr(transformers, cls)(**COMMON, **extra), baseline)
+                                                              "full_attention"]}),
+             # MLA: fattn keeps the latent rows (512 + rope 64) and attends absorbed.
+             "deepseek-v3 (MLA, absorbed)": (
+                 "DeepseekV3Config", "sdpa", {"num_key_value_heads": 4, "kv_lora_rank": 512,
+                                              "q_lora_rank": None, "qk_rope_head_dim": 64,
+                                              "qk_nope_head_dim": 32, "v_head_dim": 32,
+                                              "first_k_dense_replace": 2, "n_routed_experts": 2,
+                                              "num_experts_per_tok": 1, "n_group": 1,
+                                              "topk_group": 1, "moe_intermediate_size": 64})}
+    return {name: (getattr(transformers, cls)(**{**COMMON, **extra}), baseline)
             for name, (cls, baseline, extra) in found.items() if hasattr(transformers, cls)}
 
 
