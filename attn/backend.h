@@ -75,7 +75,7 @@ int fattn__fa3_attend(fattn__layer_params l, fattn__step_params s, const void *q
                       float *lse, void *stream);
 
 /* ---- attn/mla: the Hopper (sm_90a) absorbed-MLA kernel, built where CUDA_ARCHS has 90a
- * (FATTN_HAVE_SM90A); no backend picks it until tests/gpu_mla90.c has passed on a GPU.
+ * (FATTN_HAVE_SM90A); fa3 runs MLA layers on it (fattn__fa3_attend, fattn__fa3_encode_maps).
  * Callers check fattn__fa3_available(). */
 
 /* Writes the latent pool's tensor map (one CUtensorMap, 128 bytes) for an MLA layer into map;

@@ -313,8 +313,8 @@ int fattn_bench_prefill(int argc, char **argv) {
  * 128, contexts 1k to 64k, q_len 1 (DECODE) and 2 (TARGET_VERIFY of one MTP draft), page 64,
  * bf16 latent; beside the pure read of the same latent pages.
  * TFLOP/s counts 2 (576 + 512) FLOPs a q head and slot. Options: --csv PATH (default
- * build/mla.csv, the columns bench/peers/peers.py mla reads), --backend fa2|fa3 (both sides'
- * backend; default AUTO), --heads N, --bs N (those rows). */
+ * build/mla.csv, the columns bench/peers/peers.py mla reads), --backend fa2|fa3 (the portable
+ * kernel or the Hopper one, on both sides; default AUTO), --heads N, --bs N (those rows). */
 int fattn_bench_mla(int argc, char **argv) {
   const char *path = "build/mla.csv";
   unsigned only_heads = 0;

@@ -190,11 +190,20 @@ static const char *mode_name(uint32_t mode) {
   return mode <= FATTN_MODE_COUNT ? names[mode] : "?";
 }
 
+/* FA3 runs MLA on its own kernel (attn/mla/mla90.cu) where it was built. */
+#ifdef FATTN_HAVE_SM90A
+#define FA3_RUNS_MLA 1
+#else
+#define FA3_RUNS_MLA 0
+#endif
+
 fattn_status fattn__mla_mode_check(fattn_backend backend, uint32_t mode, char *detail, size_t detail_len) {
-  if (backend == FATTN_BACKEND_CPU || (backend == FATTN_BACKEND_FA2 && mode != FATTN_MODE_CROSS)) return FATTN_OK;
-  if (backend == FATTN_BACKEND_FA3)
+  const int gpu = backend == FATTN_BACKEND_FA2 || (backend == FATTN_BACKEND_FA3 && FA3_RUNS_MLA);
+  if (backend == FATTN_BACKEND_CPU || (gpu && mode != FATTN_MODE_CROSS)) return FATTN_OK;
+  if (backend == FATTN_BACKEND_FA3 && !FA3_RUNS_MLA)
     return fattn__failbuf(detail, detail_len, FATTN_ERR_UNSUPPORTED,
-                          "MLA mode %s: FA3 has no MLA kernel yet (FA2 runs MLA in every mode but CROSS)",
+                          "MLA mode %s: FA3 was built without its MLA kernel (CUDA_ARCHS lacks 90a; FA2 runs MLA in "
+                          "every mode but CROSS)",
                           mode_name(mode));
   return fattn__failbuf(detail, detail_len, FATTN_ERR_UNSUPPORTED,
                         "MLA mode %s: no GPU kernel (an MLA model has no encoder; the CPU backend runs it)",

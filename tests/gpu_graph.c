@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "lib/dtype.h"
+#include "attn/backend.h" /* fattn__fa3_available */
 #include "lib/internal.h" /* FATTN__MAILBOX_POSTS */
 #include "tests/support.h"
 #include "tests/support_gpu.h"
@@ -13,12 +14,16 @@
 enum { LAYERS = 2, HQ = 8, HKV = 2, D = 128, MAXB = 16, TOPK = 2, DRAFT = 4, CAP = 128 };
 
 /* A rig's model: GQA at d 128 (every test), or DeepSeek-V3's absorbed MLA over 16 heads (a
- * tensor-parallel shard: one latent head, K the 576-wide latent row, O 512 wide, no V). */
+ * tensor-parallel shard: one latent head, K the 576-wide latent row, O 512 wide, no V), on
+ * AUTO's backend (FA2 for MLA) or on FA3's (the Hopper MLA kernel). */
 typedef struct shape {
   uint32_t hq, hkv, d, dv;
   int mla;
+  fattn_backend backend;
 } shape;
-static const shape GQA_SHAPE = {HQ, HKV, D, D, 0}, MLA_SHAPE = {16, 1, 576, 512, 1};
+static const shape GQA_SHAPE = {HQ, HKV, D, D, 0, FATTN_BACKEND_AUTO},
+                   MLA_SHAPE = {16, 1, 576, 512, 1, FATTN_BACKEND_AUTO},
+                   MLA90_SHAPE = {16, 1, 576, 512, 1, FATTN_BACKEND_FA3};
 
 typedef struct rig {
   const shape *sh;
@@ -67,6 +72,7 @@ static void rig_config(const shape *sh, fattn_config *cp, fattn_model *mp, uint3
   m.num_layers = LAYERS, m.num_q_heads = sh->hq, m.num_kv_heads = sh->hkv, m.head_dim = sh->d, m.head_dim_v = sh->dv;
   if (sh->mla) m.mla_latent_dim = sh->dv, m.mla_rope_dim = sh->d - sh->dv;
   m.sinks = sinks;
+  c.prefill_backend = c.decode_backend = sh->backend;
   c.device = 0;
   c.page_size = 16;
   c.kv_budget_pages = 4096;
@@ -231,6 +237,18 @@ END_TEST
 /* The same for MLA (attn/fa2/fa2_mla.cu: packed rows of one or two queries, split-KV and the
  * combine in DECODE, DRAFT_DECODE and TARGET_VERIFY, tree masks), 24 replays a mode. */
 START_TEST(mla_replay_equals_eager_every_mode) { replay_every_mode(&MLA_SHAPE, NULL, 29, getenv("FATTN_TEST_QUICK") ? 2 : 24); }
+END_TEST
+
+/* And on the Hopper MLA kernel (attn/mla/mla90.cu), which FA3 runs MLA layers on; pages of 16
+ * slots, so its producer gathers. */
+START_TEST(mla90_replay_equals_eager_every_mode) {
+#ifdef FATTN_HAVE_SM90A
+  if (!fattn__fa3_available()) FATTN_TEST_SKIP("mla90 needs a compute capability 9.0 device");
+  else replay_every_mode(&MLA90_SHAPE, NULL, 31, getenv("FATTN_TEST_QUICK") ? 2 : 24);
+#else
+  FATTN_TEST_SKIP("mla90 not built: CUDA_ARCHS lacks 90a");
+#endif
+}
 END_TEST
 
 /* Sinks 150 above every score, 150 below, none and 0, heads 0-3 and again 4-7 of both layers,
@@ -469,6 +487,7 @@ START_TEST(capture_every_default_bucket) {
 END_TEST
 
 FATTN_SUITE("gpu_graph", FATTN_TEST_GPU, replay_equals_eager_every_mode, mla_replay_equals_eager_every_mode,
+            mla90_replay_equals_eager_every_mode,
             capture_that_syncs_or_allocates_fails,
             back_to_back_replays_share_a_mailbox, next_kernel_sees_the_whole_output,
             inputs_written_late_by_a_released_kernel, capture_every_default_bucket, sinks_far_from_scores_replay)

@@ -1,5 +1,5 @@
 /* fa3_attend.cu: the fa3 entry points: device and shape checks, the tensor maps made once per
- * layer, and host dispatch (fa3's kernel for query-tiled steps, fa2 for the rest). */
+ * layer, and host dispatch (fa3's kernel for query-tiled steps, mla90's for MLA, fa2 for the rest). */
 #include "attn/fa3/fa3.h"
 
 extern "C" int fattn__fa3_available(void) {
@@ -18,6 +18,7 @@ extern "C" int fattn__fa3_available(void) {
 extern "C" int fattn__fa3_supports(const fattn__layer_params *l) { return fattn__fa2_supports(l) && !l->mla; }
 
 extern "C" int fattn__fa3_encode_maps(const fattn__layer_params *l, void *maps) {
+  if (l->mla) return fattn__mla90_encode_map(l, maps);
   /* fp8 KV is gathered and widened by the producer: no maps. */
   if (!fattn__fa3_supports(l) || l->kv_dtype == FATTN_DTYPE_FP8_E4M3 || l->page_size < FA3__TMA_MIN_PAGE)
     return (int)cudaErrorNotSupported;
@@ -51,6 +52,9 @@ extern "C" int fattn__fa3_encode_maps(const fattn__layer_params *l, void *maps) 
 
 extern "C" int fattn__fa3_attend(fattn__layer_params l, fattn__step_params s, const void *q, void *out,
                                  float *lse, void *stream) {
+  if (l.mla) /* every MLA mode the context gives fa3 (all but CROSS) */
+    return fattn__fa3_available() ? fattn__mla90_attend(l, s, q, out, lse, stream)
+                                  : fattn__fa2_attend(l, s, q, out, lse, stream);
   if (!fattn__fa3_supports(&l) || !fattn__fa3_available() || (!FA3_TAKES_DECODE && fattn__decode_kind(&l, &s)))
     return fattn__fa2_attend(l, s, q, out, lse, stream);
   if (s.cap_entries == 0u || s.cap_q_tokens == 0u || s.cap_tiles == 0u) return (int)cudaSuccess;
