@@ -162,12 +162,14 @@ __device__ __forceinline__ fattn__entry fa2__entry(const fattn__entry *p) {
   return e;
 }
 
-/* Entry owning query tile b (last entry with tile_start <= b). */
+/* Entry owning query tile b: the last entry whose START <= b (tile_start for the planner's
+ * tiles, pair_start for the Hopper kernels' tile pairs). */
+template <uint32_t fattn__entry::*START = &fattn__entry::tile_start>
 __device__ __forceinline__ uint32_t fa2__find(const fattn__entry *e, uint32_t n, uint32_t b) {
   uint32_t lo = 0, hi = n; /* answer in [lo, hi) */
   while (hi - lo > 1u) {
     uint32_t mid = (lo + hi) >> 1;
-    if (e[mid].tile_start <= b) lo = mid; else hi = mid;
+    if (e[mid].*START <= b) lo = mid; else hi = mid;
   }
   return lo;
 }

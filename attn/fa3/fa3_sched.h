@@ -67,16 +67,6 @@ __device__ __forceinline__ void fa3__tile_of(const fa3__args &a, uint32_t w, uin
   t->nblk = t->ke > t->kb ? (t->ke - t->kb + BN - 1u) / BN : 0u;
 }
 
-/* The entry owning tile pair p: the last with pair_start <= p. */
-__device__ __forceinline__ uint32_t fa3__find_pair(const fattn__entry *e, uint32_t n, uint32_t p) {
-  uint32_t lo = 0, hi = n; /* answer in [lo, hi) */
-  while (hi - lo > 1u) {
-    uint32_t mid = (lo + hi) >> 1;
-    if (e[mid].pair_start <= p) lo = mid; else hi = mid;
-  }
-  return lo;
-}
-
 /* The scheduler's contract. Blocks are persistent; the producer's thread 0 runs it:
  * (sm: the shared-memory plan, whose sched_full / sched_empty mbarriers and ring_w / ring_entry
  * words are a ring of FA3__SCHED_SLOTS)
@@ -96,7 +86,8 @@ static __device__ __noinline__ fa3__item fa3__claim(const fa3__args &a, uint32_t
   fa3__item item = {k ? gridDim.x + atomicAdd(a.k.s.tile_counter, 1u) : blockIdx.x, 0u};
   if (item.w < work) {
     uint32_t hq;
-    item.ei = fa3__find_pair(a.k.s.entries, a.k.s.hdr->num_entries, fa3__pair_at(a, item.w, num_pairs, &hq));
+    const uint32_t p = fa3__pair_at(a, item.w, num_pairs, &hq);
+    item.ei = fa2__find<&fattn__entry::pair_start>(a.k.s.entries, a.k.s.hdr->num_entries, p);
   }
   return item;
 }
