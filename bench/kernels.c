@@ -311,41 +311,48 @@ int fattn_bench_prefill(int argc, char **argv) {
 
 /* DeepSeek-V3 absorbed MLA decode: heads 128 (one GPU) and 16 (a tensor-parallel shard), bs 1 to
  * 128, contexts 1k to 64k, q_len 1 (DECODE) and 2 (TARGET_VERIFY of one MTP draft), page 64,
- * bf16 latent; beside the pure read of the same latent pages.
+ * bf16 and fp8 e4m3 latent; beside the pure read of the same latent pages.
  * TFLOP/s counts 2 (576 + 512) FLOPs a q head and slot. Options: --csv PATH (default
  * build/mla.csv, the columns bench/peers/peers.py mla reads), --backend fa2|fa3 (the portable
- * kernel or the Hopper one, on both sides; default AUTO), --heads N, --bs N (those rows). */
+ * kernel or the Hopper one, on both sides; default AUTO), --heads N, --bs N, --kv bf16|fp8
+ * (those rows). */
 int fattn_bench_mla(int argc, char **argv) {
-  const char *path = "build/mla.csv";
+  const char *path = "build/mla.csv", *only_kv = NULL;
   unsigned only_heads = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (strcmp(argv[i], "--csv") == 0) path = argv[i + 1];
     else if (backend_arg(argv[i], argv[i + 1], &decode_backend)) prefill_backend = decode_backend;
+    else if (strcmp(argv[i], "--kv") == 0 && (!strcmp(argv[i + 1], "bf16") || !strcmp(argv[i + 1], "fp8")))
+      only_kv = argv[i + 1];
     else if (!((strcmp(argv[i], "--heads") == 0 && sscanf(argv[i + 1], "%u", &only_heads) == 1) ||
                (strcmp(argv[i], "--bs") == 0 && sscanf(argv[i + 1], "%u", &only_bs) == 1)))
-      fail("fattn-bench mla", "options: --csv PATH, --backend fa2|fa3 (both sides), --heads N, --bs N");
+      fail("fattn-bench mla", "options: --csv PATH, --backend fa2|fa3 (both sides), --heads N, --bs N, --kv bf16|fp8");
   }
   if (!fattn_bench_has_gpu()) fail("fattn-bench mla", "needs a CUDA device");
   FILE *csv = fopen(path, "w");
   if (!csv) fail(path, "cannot write");
   fprintf(csv, "heads,bs,ctx,q_len,page,kv_dtype,ms,gbs,tflops,roof_gbs\n");
-  printf("fattn MLA decode (DeepSeek-V3 absorbed: latent %u + rope %u, one latent head), page 64, bf16, median of 21;"
-         " GB/s of latent read, read = pure-read kernel over the same pages; GPU timing\n"
-         "not run here: the fp8 latent, which MLA on the GPU lacks so far\n",
+  printf("fattn MLA decode (DeepSeek-V3 absorbed: latent %u + rope %u, one latent head), page 64, bf16 and fp8"
+         " latent, median of 21; GB/s of latent read, read = pure-read kernel over the same pages; GPU timing\n",
          MLA_LATENT, MLA_ROPE);
   header();
   static const uint32_t heads[2] = {128, 16}, bss[4] = {1, 16, 64, 128}, ctxs[4] = {1024, 4096, 16384, 65536};
-  for (int hi = 0; hi < 2; hi++)
-    for (int bi = 0; bi < 4; bi++)
-      for (int ci = 0; ci < 4; ci++)
-        for (uint32_t ql = 1; ql <= 2; ql++) {
-          if ((only_heads && heads[hi] != only_heads) || (only_bs && bss[bi] != only_bs)) continue;
-          const fattn_mode mode = ql == 1 ? FATTN_MODE_DECODE : FATTN_MODE_TARGET_VERIFY;
-          const kshape k = {mode, bss[bi], ql, ctxs[ci], 64, heads[hi], 1, MLA_LATENT + MLA_ROPE, FATTN_DTYPE_BF16, NULL, 1};
-          const kresult r = run_shape(&k, NULL); /* this table's columns, not run_shape's */
-          fprintf(csv, "%u,%u,%u,%u,64,bf16,%.6f,%.2f,%.2f,%.2f\n", k.hq, k.bs, k.kv_len, ql, r.ms, r.bytes / r.ms / 1e6,
-                  r.flops / r.ms / 1e9, r.bytes / r.read_ms / 1e6);
-        }
+  static const struct { fattn_dtype dt; const char *name; } kvs[2] = {{FATTN_DTYPE_BF16, "bf16"},
+                                                                      {FATTN_DTYPE_FP8_E4M3, "fp8"}};
+  for (int ki = 0; ki < 2; ki++)
+    for (int hi = 0; hi < 2; hi++)
+      for (int bi = 0; bi < 4; bi++)
+        for (int ci = 0; ci < 4; ci++)
+          for (uint32_t ql = 1; ql <= 2; ql++) {
+            if ((only_heads && heads[hi] != only_heads) || (only_bs && bss[bi] != only_bs) ||
+                (only_kv && strcmp(only_kv, kvs[ki].name) != 0))
+              continue;
+            const fattn_mode mode = ql == 1 ? FATTN_MODE_DECODE : FATTN_MODE_TARGET_VERIFY;
+            const kshape k = {mode, bss[bi], ql, ctxs[ci], 64, heads[hi], 1, MLA_LATENT + MLA_ROPE, kvs[ki].dt, NULL, 1};
+            const kresult r = run_shape(&k, NULL); /* this table's columns, not run_shape's */
+            fprintf(csv, "%u,%u,%u,%u,64,%s,%.6f,%.2f,%.2f,%.2f\n", k.hq, k.bs, k.kv_len, ql, kvs[ki].name, r.ms,
+                    r.bytes / r.ms / 1e6, r.flops / r.ms / 1e9, r.bytes / r.read_ms / 1e6);
+          }
   fclose(csv);
   printf("csv: %s\n", path);
   return 0;

@@ -213,9 +213,9 @@ fattn_status fattn__mla_mode_check(fattn_backend backend, uint32_t mode, char *d
 fattn_status fattn__mla_options_check(const fattn__norm *n, const fattn_layer_opts *layers, int has_sinks,
                                       char *detail, size_t detail_len) {
 #define MLA_LACKS(...) fattn__failbuf(detail, detail_len, FATTN_ERR_UNSUPPORTED, __VA_ARGS__)
-  if (n->cfg.kv_dtype != n->cfg.q_dtype)
-    return MLA_LACKS("kv_dtype %d: MLA on the GPU reads latent rows in q_dtype %d only (no fp8 latent yet)",
-                     n->cfg.kv_dtype, n->cfg.q_dtype);
+  if (n->cfg.kv_dtype != n->cfg.q_dtype && n->cfg.kv_dtype != FATTN_DTYPE_FP8_E4M3)
+    return MLA_LACKS("kv_dtype %d: MLA on the GPU reads latent rows in q_dtype %d or fp8 e4m3", n->cfg.kv_dtype,
+                     n->cfg.q_dtype);
   if (n->model.logit_softcap != 0.0f)
     return MLA_LACKS("logit_softcap %g: MLA on the GPU has no softcap", (double)n->model.logit_softcap);
   if (has_sinks) return MLA_LACKS("sinks: MLA on the GPU has no sinks");

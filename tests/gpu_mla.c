@@ -35,15 +35,39 @@ static cfg mla_cfg(uint32_t heads, uint32_t ps, uint32_t qt, uint32_t max_bs) {
 /* New latent rows into their pages: the K row of 576, nothing for V (v is NULL). */
 START_TEST(mla_store_kv) {
   int fails = 0;
-  for (int k = 0; k < 4; k++) {
-    const uint32_t qt = k & 1 ? FP : BF;
+  for (int k = 0; k < 8; k++) { /* the latent in Q's type, then quantised to fp8 with k_scale */
+    const uint32_t qt = k & 1 ? FP : BF, kt = k < 4 ? qt : F8;
     fattn__layer_params l;
     memset(&l, 0, sizeof l);
-    l.num_q_heads = 16; l.num_kv_heads = 1; l.head_dim = 576; l.head_dim_v = 512; l.mla = 1; l.page_size = MLA_PAGES[k];
-    l.q_dtype = qt; l.kv_dtype = qt; l.k_scale = 1.f; l.v_scale = 1.f;
+    l.num_q_heads = 16; l.num_kv_heads = 1; l.head_dim = 576; l.head_dim_v = 512; l.mla = 1; l.page_size = MLA_PAGES[k % 4];
+    l.q_dtype = qt; l.kv_dtype = kt; l.k_scale = kt == F8 ? 0.37f : 1.f; l.v_scale = 1.f;
     fails += !store_case(l, FATTN_MODE_DECODE);
   }
   ck_assert_int_eq(fails, 0);
+}
+END_TEST
+
+/* fp8 e4m3 latent rows (k_scale, which O's V part takes too), landing raw and widened to fp16
+ * in shared memory: decode with split-KV, draft decode, verify's tree masks and prefill, at 8 to
+ * 128 heads, bf16 and fp16 Q. FA3 hands fp8 latents to this kernel, so the Hopper MLA kernel's
+ * build of these cases has no fp8 ones. */
+START_TEST(mla_fp8_latent) {
+  const int f0 = total_fail;
+  static const struct { uint32_t mode; int tree; uint32_t heads, ps; const char *tag; } M[6] = {
+      {FATTN_MODE_DECODE, 0, 16, 64, " mla fp8 decode"},
+      {FATTN_MODE_DECODE, 0, 128, 1, " mla fp8 decode"},
+      {FATTN_MODE_DRAFT_DECODE, 0, 32, 128, " mla fp8 draft decode"},
+      {FATTN_MODE_TARGET_VERIFY, 1, 16, 16, " mla fp8 verify tree"},
+      {FATTN_MODE_TARGET_VERIFY, 1, 128, 64, " mla fp8 verify tree"},
+      {FATTN_MODE_PREFILL, 0, 8, 16, " mla fp8 prefill"}};
+  for (int k = 0; k < 6; k++) {
+    cfg c = mla_cfg_mode(M[k].mode, M[k].heads, M[k].ps, k % 2 ? FP : BF, 16);
+    c.kt = F8;
+    c.tree = M[k].tree;
+    if (M[k].mode == FATTN_MODE_PREFILL) c.long_len = 300, c.max_bs = 4;
+    group(&c, 2, M[k].tag);
+  }
+  ck_assert_int_eq(total_fail - f0, 0);
 }
 END_TEST
 #endif
@@ -205,6 +229,6 @@ END_TEST
 #ifdef FATTN_TEST_MLA90 /* the kernel's cases alone: store_kv and the public API's graphs run fa2 */
 FATTN_SUITE("gpu_mla90", FATTN_TEST_GPU, mla_decode, mla_decode_long, mla_modes, mla_totals)
 #else
-FATTN_SUITE("gpu_mla", FATTN_TEST_GPU, mla_store_kv, mla_decode, mla_decode_long, mla_modes,
+FATTN_SUITE("gpu_mla", FATTN_TEST_GPU, mla_store_kv, mla_decode, mla_decode_long, mla_modes, mla_fp8_latent,
             mla_graph_replay_equals_eager, mla_totals)
 #endif

@@ -82,7 +82,10 @@ START_TEST(option_details_name_the_option) {
   ck_assert_int_eq(fattn__mla_options_check(&n, layers, 0, detail, sizeof detail), FATTN_ERR_UNSUPPORTED);
   ck_assert_msg(strstr(detail, "logit_softcap 30"), "detail '%s'", detail);
   m.logit_softcap = 0.0f;
-  c.kv_dtype = FATTN_DTYPE_FP8_E4M3;
+  c.kv_dtype = FATTN_DTYPE_FP8_E4M3; /* fp8 latents: FA2 widens them */
+  ck_assert_ok(fattn__normalize(&c, &m, &n, detail, sizeof detail));
+  ck_assert_ok(fattn__mla_options_check(&n, layers, 0, detail, sizeof detail));
+  c.q_dtype = FATTN_DTYPE_BF16, c.kv_dtype = FATTN_DTYPE_FP16; /* a 16-bit latent of another type */
   ck_assert_ok(fattn__normalize(&c, &m, &n, detail, sizeof detail));
   ck_assert_int_eq(fattn__mla_options_check(&n, layers, 0, detail, sizeof detail), FATTN_ERR_UNSUPPORTED);
   ck_assert_msg(strstr(detail, "kv_dtype"), "detail '%s'", detail);

@@ -1,5 +1,7 @@
 /* fa2_mla.cu: the portable MLA kernel (absorbed DeepSeek-V3 attention: one latent row of 576 a
  * slot is K, its first 512 dims are V, shared by every q head) for every mode, and its launcher. */
+#include <type_traits>
+
 #include "attn/fa2/fa2.h"
 
 /* Tile of the MLA kernel. A block takes ROWS packed rows of an entry (row R is q head R % H of
@@ -9,9 +11,12 @@
  * BN / NCOL slots of the stage; for O += P V it takes the slab's rows against all BN slots and
  * owns DV / NCOL = 128 dims of O, so O (ROWS x 512 fp32) lives in registers split over the
  * warps, 64 floats a thread, and no warp merges O with another. A stage's latent rows are
- * loaded once and read by both products. T: Q's, O's and the cache's type (16-bit). */
-template <int ROWS, int BN, int ST, typename T>
+ * loaded once and read by both products. TQ: Q's and O's type. F8: the latent rows are fp8
+ * e4m3; a block lands raw and is widened exactly to fp16 in shared memory (the one 16-bit stage
+ * then), and the MMAs run in fp16 with bf16 Q narrowed as it loads; else they run in TQ. */
+template <int ROWS, int BN, int ST, typename TQ, bool F8>
 struct fa2__mla_cfg {
+  using T = std::conditional_t<F8, __half, TQ>; /* the MMAs' and P's type */
   static constexpr int DK = FA2__MLA_DK, DV = FA2__MLA_DV;
   static constexpr int MW = ROWS / 16, NCOL = 4, NT = MW * NCOL * 32;
   static constexpr int WN = BN / NCOL, NS = WN / 8; /* score tiles of 8 slots a warp */
@@ -24,15 +29,21 @@ struct fa2__mla_cfg {
    * rows on the same banks. */
   static constexpr int P_ROW = BN * 2 + 16;
   static constexpr int Q_BYTES = ROWS * ROW_BYTES;
-  static constexpr int KV_BYTES = ST * BN * ROW_BYTES;
+  /* 16-bit stages: the ring's, or with fp8 one, which a landed block is widened into at the top
+   * of its iteration while the next block lands raw (so fp8 needs a ring of two). */
+  static constexpr int KST = F8 ? 1 : ST;
+  static constexpr int KV_BYTES = KST * BN * ROW_BYTES;
+  static constexpr int RAW_ROW = DK, RAW_CH = DK / 16;      /* fp8 rows as they land: [BN][576 B] */
+  static constexpr int RAW_BYTES = F8 ? BN * RAW_ROW : 0;
   static constexpr int P_BYTES = ROWS * P_ROW;
   static constexpr int RED_BYTES = NCOL * ROWS * 4; /* a row's max, then its sum, per column warp */
   static constexpr int RS_BYTES = ST * BN * 4;      /* pool row of each slot, per stage */
-  static constexpr int SMEM = Q_BYTES + KV_BYTES + P_BYTES + RED_BYTES + RS_BYTES;
+  static constexpr int SMEM = Q_BYTES + KV_BYTES + RAW_BYTES + P_BYTES + RED_BYTES + RS_BYTES;
   /* Two blocks an SM where shared memory allows it (sm_90), so that 128 registers a thread. */
   static constexpr int MINB = 2;
   static_assert(ROWS % 16 == 0 && WN % 8 == 0 && BN % 16 == 0 && BN <= NT, "tile shape");
   static_assert(DK % 32 == 0 && DW % 16 == 0, "two 16-dim steps a K ldmatrix, 16 dims a V one");
+  static_assert(!F8 || ST == 2, "fp8: one block lands raw while the one before is read");
 };
 
 /* MLA tile shape, fixed at build time (benchmark variants override it): 32 slots a stage, two
@@ -45,16 +56,17 @@ struct fa2__mla_cfg {
 #endif
 
 /* One work item: packed rows R0 .. R0 + ROWS - 1 of entry e over split sp. */
-template <int ROWS, int BN, int ST, typename T>
+template <int ROWS, int BN, int ST, typename TQ, bool F8>
 __device__ __forceinline__ void fa2__mla_work(const fa2__args &a, const fattn__entry &e, int causal, bool tree,
                                               uint32_t R0, uint32_t sp, bool split, char *smem) {
-  using C = fa2__mla_cfg<ROWS, BN, ST, T>;
+  using C = fa2__mla_cfg<ROWS, BN, ST, TQ, F8>;
+  using T = typename C::T;
   const fattn__layer_params &l = a.l;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp / C::NCOL, wn = warp % C::NCOL, g = lane >> 2, c4 = lane & 3;
   const uint32_t H = l.num_q_heads;
-  char *Qs = smem, *kv = smem + C::Q_BYTES;
-  char *Ps = kv + C::KV_BYTES;
+  char *Qs = smem, *kv = smem + C::Q_BYTES, *raw = kv + C::KV_BYTES;
+  char *Ps = raw + C::RAW_BYTES;
   float *red = (float *)(Ps + C::P_BYTES);
   uint32_t *rs = (uint32_t *)((char *)red + C::RED_BYTES);
 
@@ -80,19 +92,55 @@ __device__ __forceinline__ void fa2__mla_work(const fa2__args &a, const fattn__e
   };
   /* Every group commits, empty or not, so that the loop's wait counts stay fixed. */
   auto load = [&](int blk) {
-    if (blk < nblk)
-      fa2__rows<BN, C::CH, C::NT, C::ROW_BYTES, true, false, true>(kv + (blk % ST) * BN * C::ROW_BYTES, pool,
-                                                             (size_t)C::ROW_BYTES, rs + (blk % ST) * BN, tid, 0, BN);
+    if (blk < nblk) {
+      if constexpr (F8)
+        fa2__rows<BN, C::RAW_CH, C::NT, C::RAW_ROW, false, false, true>(raw, pool, (size_t)C::RAW_ROW,
+                                                                        rs + (blk % ST) * BN, tid, 0, BN);
+      else
+        fa2__rows<BN, C::CH, C::NT, C::ROW_BYTES, true, false, true>(kv + (blk % ST) * BN * C::ROW_BYTES, pool,
+                                                               (size_t)C::ROW_BYTES, rs + (blk % ST) * BN, tid, 0, BN);
+    }
     fa2__commit();
+  };
+  /* fp8: the landed block, 16 dims a chunk, to two fp16 chunks of the 16-bit stage (exact; the
+   * scale is folded into sl2 and o_mul). */
+  auto widen = [&]() {
+#pragma unroll 1
+    for (int i = tid; i < BN * C::RAW_CH; i += C::NT) {
+      const int r = i / C::RAW_CH, c = i % C::RAW_CH;
+      const uint4 w = *(const uint4 *)(raw + r * C::RAW_ROW + c * 16);
+      const uint32_t x[4] = {w.x, w.y, w.z, w.w};
+      uint32_t h[8];
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        h[2 * k] = fa2__e4m3x2<__half>((uint16_t)(x[k] & 0xffffu));
+        h[2 * k + 1] = fa2__e4m3x2<__half>((uint16_t)(x[k] >> 16));
+      }
+      *(uint4 *)(kv + fa2__at<C::ROW_BYTES, true>(r, 2 * c)) = make_uint4(h[0], h[1], h[2], h[3]);
+      *(uint4 *)(kv + fa2__at<C::ROW_BYTES, true>(r, 2 * c + 1)) = make_uint4(h[4], h[5], h[6], h[7]);
+    }
   };
 
   /* Q rows ([tokens, heads, 576]: packed row R is the entry's R-th row of 576), zeros past the
-   * entry's rows: they score 0 everywhere and are never written. */
+   * entry's rows: they score 0 everywhere and are never written. With fp8 latents the MMAs run
+   * in fp16, so bf16 Q is narrowed as it loads (exact for |q| in [2^-14, 65504]). */
   const char *q = (const char *)a.q + (size_t)e.q_start * H * C::ROW_BYTES;
   for (int ci = tid; ci < ROWS * C::CH; ci += C::NT) {
     const int r = ci / C::CH, c = ci % C::CH;
     const bool ok = R0 + r < Rend;
-    fa2__cp16(Qs + fa2__at<C::ROW_BYTES, true>(r, c), q + (ok ? (size_t)(R0 + r) * C::ROW_BYTES : 0u) + c * 16, ok);
+    const char *src = q + (ok ? (size_t)(R0 + r) * C::ROW_BYTES : 0u) + c * 16;
+    if constexpr (F8 && std::is_same<TQ, __nv_bfloat16>::value) {
+      uint4 w = ok ? *(const uint4 *)src : make_uint4(0u, 0u, 0u, 0u);
+      uint32_t *x = &w.x;
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&x[k]);
+        x[k] = fa2__pack<__half>(f.x, f.y);
+      }
+      *(uint4 *)(Qs + fa2__at<C::ROW_BYTES, true>(r, c)) = w;
+    } else {
+      fa2__cp16(Qs + fa2__at<C::ROW_BYTES, true>(r, c), src, ok);
+    }
   }
   for (int r = tid; r < ST * BN; r += C::NT) rs[r] = pool_row(r / BN, r % BN, word_of(r / BN, r % BN));
   /* Page-table words two blocks before their use, as fa2__work loads them: a word loaded in the
@@ -119,11 +167,15 @@ __device__ __forceinline__ void fa2__mla_work(const fa2__args &a, const fattn__e
   for (int blk = 0; blk < nblk; blk++) {
     fa2__wait<ST - 2>();
     __syncthreads();
+    if constexpr (F8) { /* the landed block into the 16-bit stage, and the raw area free again */
+      widen();
+      __syncthreads();
+    }
     load(blk + ST - 1);
     const uint32_t ahead = tid < BN ? pool_row(blk + ST, tid, word1) : 0u; /* stored after the math */
     word1 = word2;
     word2 = tid < BN ? word_of(blk + ST + 2, tid) : 0u;
-    const char *Kt = kv + (blk % ST) * BN * C::ROW_BYTES;
+    const char *Kt = kv + (blk % C::KST) * BN * C::ROW_BYTES;
     const uint32_t j0 = kb + (uint32_t)blk * BN;
 
     /* S = Q K^T over all 576 dims, this warp's WN slots; one K ldmatrix holds two 16-dim steps
@@ -241,9 +293,9 @@ __device__ __forceinline__ void fa2__mla_work(const fa2__args &a, const fattn__e
       if (wn == 0 && c4 == 0) a.s.split_lse[row] = lse2 * FA2__LN2;
     } else {
       const size_t row = (size_t)e.q_start * H + R;
-      T *dst = (T *)a.out + row * C::DV + wn * C::DW + 2 * c4;
+      TQ *dst = (TQ *)a.out + row * C::DV + wn * C::DW + 2 * c4;
 #pragma unroll
-      for (int i = 0; i < C::NO; i++) *(uint32_t *)(dst + i * 8) = fa2__pack<T>(o[i][2 * h] * inv, o[i][2 * h + 1] * inv);
+      for (int i = 0; i < C::NO; i++) *(uint32_t *)(dst + i * 8) = fa2__pack<TQ>(o[i][2 * h] * inv, o[i][2 * h + 1] * inv);
       if (a.lse && wn == 0 && c4 == 0) a.lse[row] = lse2 * FA2__LN2;
     }
   }
@@ -253,8 +305,8 @@ __device__ __forceinline__ void fa2__mla_work(const fa2__args &a, const fattn__e
 /* Grid: x = (entry, group g of the header's decode_groups), y strides over splits, z over the
  * entry's row tiles g, g + groups, ..., so that any grid covers any step of its caps and an
  * item's bytes never depend on the grid. */
-template <int ROWS, int BN, int ST, typename T>
-__global__ void __launch_bounds__(fa2__mla_cfg<ROWS, BN, ST, T>::NT, fa2__mla_cfg<ROWS, BN, ST, T>::MINB)
+template <int ROWS, int BN, int ST, typename TQ, bool F8>
+__global__ void __launch_bounds__(fa2__mla_cfg<ROWS, BN, ST, TQ, F8>::NT, fa2__mla_cfg<ROWS, BN, ST, TQ, F8>::MINB)
     fa2__mla(const fa2__args a) {
   /* Q and the fresh latent rows come from the kernels just before: every block waits first. */
   fattn__pdl_wait();
@@ -269,23 +321,27 @@ __global__ void __launch_bounds__(fa2__mla_cfg<ROWS, BN, ST, T>::NT, fa2__mla_cf
   const uint32_t nsp = e.num_splits > 1u ? e.num_splits : 1u, tiles = fattn__ceil_div(e.q_len * a.l.num_q_heads, ROWS);
   for (uint32_t rt = gi + groups * blockIdx.z; rt < tiles; rt += groups * gridDim.z)
     for (uint32_t sp = blockIdx.y; sp < nsp; sp += gridDim.y)
-      fa2__mla_work<ROWS, BN, ST, T>(a, e, causal, tree, rt * ROWS, sp, nsp > 1u, smem);
+      fa2__mla_work<ROWS, BN, ST, TQ, F8>(a, e, causal, tree, rt * ROWS, sp, nsp > 1u, smem);
 }
 
-template <int ROWS, typename T>
+template <int ROWS, typename TQ, bool F8>
 static int fa2__mla_go(const fa2__args *a, dim3 grid, cudaStream_t st) {
-  using C = fa2__mla_cfg<ROWS, FA2_MLA_BN, FA2_MLA_ST, T>;
-  auto k = fa2__mla<ROWS, FA2_MLA_BN, FA2_MLA_ST, T>;
+  using C = fa2__mla_cfg<ROWS, FA2_MLA_BN, FA2_MLA_ST, TQ, F8>;
+  auto k = fa2__mla<ROWS, FA2_MLA_BN, FA2_MLA_ST, TQ, F8>;
   static std::atomic<unsigned char> attr_set[FATTN__MAX_DEVICES]; /* per device */
   const cudaError_t err = fattn__smem_attr(attr_set, k, C::SMEM);
   if (err != cudaSuccess) return (int)err;
   return (int)fattn__launch(k, grid, dim3(C::NT), C::SMEM, st, *a);
 }
 
-/* Four kernels: 16 or 32 rows (fattn__mla_rows) x bf16 or fp16. */
+/* Eight kernels: 16 or 32 rows (fattn__mla_rows) x bf16 or fp16 Q x latent in Q's type or fp8. */
+template <int ROWS, bool F8> static int fa2__mla_typed(const fa2__args *a, dim3 grid, cudaStream_t st) {
+  return a->l.q_dtype == FATTN_DTYPE_BF16 ? fa2__mla_go<ROWS, __nv_bfloat16, F8>(a, grid, st)
+                                          : fa2__mla_go<ROWS, __half, F8>(a, grid, st);
+}
 int fa2__launch_mla(const fa2__args *a, dim3 grid, cudaStream_t st) {
-  const bool bf = a->l.q_dtype == FATTN_DTYPE_BF16;
+  const bool f8 = a->l.kv_dtype == FATTN_DTYPE_FP8_E4M3;
   if (fattn__mla_rows(a->l.num_q_heads) == 16u)
-    return bf ? fa2__mla_go<16, __nv_bfloat16>(a, grid, st) : fa2__mla_go<16, __half>(a, grid, st);
-  return bf ? fa2__mla_go<32, __nv_bfloat16>(a, grid, st) : fa2__mla_go<32, __half>(a, grid, st);
+    return f8 ? fa2__mla_typed<16, true>(a, grid, st) : fa2__mla_typed<16, false>(a, grid, st);
+  return f8 ? fa2__mla_typed<32, true>(a, grid, st) : fa2__mla_typed<32, false>(a, grid, st);
 }

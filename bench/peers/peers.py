@@ -296,9 +296,10 @@ def mla():
     ws = torch.empty(128 << 20, device="cuda", dtype=torch.uint8)
     w = FI.mla.BatchMLAPagedAttentionWrapper(ws, backend="auto")
     print(f"mla, DeepSeek-V3 absorbed decode, bf16 latent cache (512 + 64), page {page}, FlashInfer backend "
-          f"{w._backend}; ms, GB/s of latent read, TFLOP/s; fattn from build/mla.csv, /FI = FI ms / fattn ms")
+          f"{w._backend}; ms, GB/s of latent read, TFLOP/s; fattn from build/mla.csv, /FI = FI ms / fattn ms; "
+          f"fattn's fp8 latent: its ms and bf16 ms / fp8 ms")
     print(f"{'heads':>5} {'bs':>4} {'ctx':>6} {'q':>2} {'FI ms':>8} {'FI GB/s':>8} {'FI TF/s':>8} {'fattn ms':>8} "
-          f"{'fattn GB/s':>10} {'fattn TF/s':>10} {'/FI':>6} {'roof GB/s':>9}")
+          f"{'fattn GB/s':>10} {'fattn TF/s':>10} {'/FI':>6} {'roof GB/s':>9} {'fp8 ms':>8} {'bf16/fp8':>8}")
     checked = False
     for heads in (128, 16):
         for bs in (1, 16, 64, 128):
@@ -333,12 +334,15 @@ def mla():
                     rate = gb / (t / 1e3) if t else None
                     tf = flop / (t / 1e3) / 1e12 if t else None
                     f = ours.get((heads, bs, ctx, ql, page, "bf16"))
+                    f8 = ours.get((heads, bs, ctx, ql, page, "fp8"))
                     fms = float(f["ms"]) if f else None
+                    f8ms = float(f8["ms"]) if f8 else None
                     ratio = f"{t / fms:6.2f}" if t and fms else "   n/a"
+                    gain = f"{fms / f8ms:8.2f}" if fms and f8ms else "     n/a"
                     ms = lambda x: f"{x:8.4f}" if x else "     n/a"
                     print(f"{heads:5} {bs:4} {ctx:6} {ql:2} {ms(t)} {fmt(rate)} {fmt(tf)} {ms(fms)} "
                           f"{fmt(float(f['gbs']) if f else None):>10} {fmt(float(f['tflops']) if f else None):>10} "
-                          f"{ratio} {fmt(float(f['roof_gbs']) if f else None):>9}")
+                          f"{ratio} {fmt(float(f['roof_gbs']) if f else None):>9} {ms(f8ms)} {gain}")
                     del q_nope, q_pe, out
                 del ckv, kpe, kv_indices
                 torch.cuda.empty_cache()
