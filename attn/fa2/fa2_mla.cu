@@ -108,16 +108,9 @@ __device__ __forceinline__ void fa2__mla_work(const fa2__args &a, const fattn__e
 #pragma unroll 1
     for (int i = tid; i < BN * C::RAW_CH; i += C::NT) {
       const int r = i / C::RAW_CH, c = i % C::RAW_CH;
-      const uint4 w = *(const uint4 *)(raw + r * C::RAW_ROW + c * 16);
-      const uint32_t x[4] = {w.x, w.y, w.z, w.w};
-      uint32_t h[8];
-#pragma unroll
-      for (int k = 0; k < 4; k++) {
-        h[2 * k] = fa2__e4m3x2<__half>((uint16_t)(x[k] & 0xffffu));
-        h[2 * k + 1] = fa2__e4m3x2<__half>((uint16_t)(x[k] >> 16));
-      }
-      *(uint4 *)(kv + fa2__at<C::ROW_BYTES, true>(r, 2 * c)) = make_uint4(h[0], h[1], h[2], h[3]);
-      *(uint4 *)(kv + fa2__at<C::ROW_BYTES, true>(r, 2 * c + 1)) = make_uint4(h[4], h[5], h[6], h[7]);
+      fa2__e4m3x16(*(const uint4 *)(raw + r * C::RAW_ROW + c * 16),
+                   (uint4 *)(kv + fa2__at<C::ROW_BYTES, true>(r, 2 * c)),
+                   (uint4 *)(kv + fa2__at<C::ROW_BYTES, true>(r, 2 * c + 1)));
     }
   };
 
@@ -130,14 +123,8 @@ __device__ __forceinline__ void fa2__mla_work(const fa2__args &a, const fattn__e
     const bool ok = R0 + r < Rend;
     const char *src = q + (ok ? (size_t)(R0 + r) * C::ROW_BYTES : 0u) + c * 16;
     if constexpr (F8 && std::is_same<TQ, __nv_bfloat16>::value) {
-      uint4 w = ok ? *(const uint4 *)src : make_uint4(0u, 0u, 0u, 0u);
-      uint32_t *x = &w.x;
-#pragma unroll
-      for (int k = 0; k < 4; k++) {
-        const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&x[k]);
-        x[k] = fa2__pack<__half>(f.x, f.y);
-      }
-      *(uint4 *)(Qs + fa2__at<C::ROW_BYTES, true>(r, c)) = w;
+      const uint4 w = ok ? *(const uint4 *)src : make_uint4(0u, 0u, 0u, 0u);
+      *(uint4 *)(Qs + fa2__at<C::ROW_BYTES, true>(r, c)) = fa2__bf16x8_to_f16(w);
     } else {
       fa2__cp16(Qs + fa2__at<C::ROW_BYTES, true>(r, c), src, ok);
     }
@@ -295,7 +282,8 @@ __device__ __forceinline__ void fa2__mla_work(const fa2__args &a, const fattn__e
       const size_t row = (size_t)e.q_start * H + R;
       TQ *dst = (TQ *)a.out + row * C::DV + wn * C::DW + 2 * c4;
 #pragma unroll
-      for (int i = 0; i < C::NO; i++) *(uint32_t *)(dst + i * 8) = fa2__pack<TQ>(o[i][2 * h] * inv, o[i][2 * h + 1] * inv);
+      for (int i = 0; i < C::NO; i++)
+        *(uint32_t *)(dst + i * 8) = fa2__pack<TQ>(o[i][2 * h] * inv, o[i][2 * h + 1] * inv);
       if (a.lse && wn == 0 && c4 == 0) a.lse[row] = lse2 * FA2__LN2;
     }
   }

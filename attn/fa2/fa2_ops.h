@@ -81,6 +81,26 @@ template <typename T, typename TQ> __device__ __forceinline__ uint32_t fa2__to_m
   }
 }
 
+/* Sixteen e4m3 values (a 16-byte chunk, lowest byte first) to two chunks of eight fp16, exact. */
+__device__ __forceinline__ void fa2__e4m3x16(uint4 w, uint4 *lo, uint4 *hi) {
+  const uint32_t x[4] = {w.x, w.y, w.z, w.w};
+  uint32_t h[8];
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    h[2 * k] = fa2__e4m3x2<__half>((uint16_t)(x[k] & 0xffffu));
+    h[2 * k + 1] = fa2__e4m3x2<__half>((uint16_t)(x[k] >> 16));
+  }
+  *lo = make_uint4(h[0], h[1], h[2], h[3]);
+  *hi = make_uint4(h[4], h[5], h[6], h[7]);
+}
+
+/* A 16-byte chunk of eight bf16 narrowed to fp16 (exact for |x| in [2^-14, 65504]): bf16 Q
+ * beside fp8 KV, whose MMAs run in fp16. */
+__device__ __forceinline__ uint4 fa2__bf16x8_to_f16(uint4 w) {
+  return make_uint4(fa2__to_mma<__half, __nv_bfloat16>(w.x), fa2__to_mma<__half, __nv_bfloat16>(w.y),
+                    fa2__to_mma<__half, __nv_bfloat16>(w.z), fa2__to_mma<__half, __nv_bfloat16>(w.w));
+}
+
 /* 8x8 transpose of 16-bit elements across the warp: a thread's pair of row g becomes the pair
  * of column g, so the transposed scores' accumulator feeds the next mma as its B operand. */
 __device__ __forceinline__ uint32_t fa2__transpose8(uint32_t x) {

@@ -44,14 +44,7 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
       if (in) src += ((size_t)(t.e.q_start + q) * l.num_q_heads + t.hq) * d * 2u + ch * 16u;
       char *dst = qs + (ch / 8u) * 8192u + fa3__swz(r, ch % 8u);
       if (F8 && l.q_dtype == FATTN_DTYPE_BF16) {
-        uint4 w = in ? *(const uint4 *)src : make_uint4(0u, 0u, 0u, 0u);
-        uint32_t *x = &w.x;
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-          const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&x[k]);
-          x[k] = fa2__pack<__half>(f.x, f.y);
-        }
-        *(uint4 *)dst = w;
+        *(uint4 *)dst = fa2__bf16x8_to_f16(in ? *(const uint4 *)src : make_uint4(0u, 0u, 0u, 0u));
       } else {
         fa2__cp16(dst, src, in);
       }

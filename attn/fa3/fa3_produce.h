@@ -89,17 +89,9 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
 #pragma unroll 1
           for (int i = (int)tid; i < BN * cpr; i += 128) {
             const int rr = i / cpr, c = i % cpr;
-            const uint4 w = *(const uint4 *)(src + rr * cpr * 16 + c * 16);
-            const uint32_t x[4] = {w.x, w.y, w.z, w.w};
-            uint32_t h[8];
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-              h[2 * k] = fa2__e4m3x2<__half>((uint16_t)(x[k] & 0xffffu));
-              h[2 * k + 1] = fa2__e4m3x2<__half>((uint16_t)(x[k] >> 16));
-            }
             char *o = dst + (c / 4) * C::KV_SLAB;
-            *(uint4 *)(o + fa3__swz(rr, (2 * c) % 8)) = make_uint4(h[0], h[1], h[2], h[3]);
-            *(uint4 *)(o + fa3__swz(rr, (2 * c + 1) % 8)) = make_uint4(h[4], h[5], h[6], h[7]);
+            fa2__e4m3x16(*(const uint4 *)(src + rr * cpr * 16 + c * 16), (uint4 *)(o + fa3__swz(rr, (2 * c) % 8)),
+                         (uint4 *)(o + fa3__swz(rr, (2 * c + 1) % 8)));
           }
         };
         widen(sm->raw, CK, kd);

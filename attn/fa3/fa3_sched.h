@@ -92,7 +92,8 @@ static __device__ __noinline__ fa3__item fa3__claim(const fa3__args &a, uint32_t
   return item;
 }
 template <typename P>
-__device__ __forceinline__ void fa3__sched_post(const fa3__args &a, P *sm, uint32_t k, uint32_t work, uint32_t num_pairs) {
+__device__ __forceinline__ void fa3__sched_post(const fa3__args &a, P *sm, uint32_t k, uint32_t work,
+                                                uint32_t num_pairs) {
   const fa3__item item = fa3__claim(a, k, work, num_pairs);
   const uint32_t slot = k % FA3__SCHED_SLOTS, round = k / FA3__SCHED_SLOTS;
   fa3__wait(&sm->sched_empty[slot], (round & 1u) ^ 1u);
