@@ -78,6 +78,8 @@ int fattn__fa3_attend(fattn__layer_params l, fattn__step_params s, const void *q
  * (FATTN_HAVE_SM90A); fa3 runs MLA layers on it (fattn__fa3_attend, fattn__fa3_encode_maps).
  * Callers check fattn__fa3_available(). */
 
+/* Whether the kernel runs layer l: MLA with a latent in Q's type (fp8 latents are fa2's). */
+int fattn__mla90_supports(const fattn__layer_params *l);
 /* Writes the latent pool's tensor map (one CUtensorMap, 128 bytes) for an MLA layer into map;
  * returns a cudaError_t value (cudaErrorNotSupported below pages of 64 slots: then every block
  * is gathered). */

@@ -18,7 +18,7 @@ extern "C" int fattn__fa3_available(void) {
 extern "C" int fattn__fa3_supports(const fattn__layer_params *l) { return fattn__fa2_supports(l) && !l->mla; }
 
 extern "C" int fattn__fa3_encode_maps(const fattn__layer_params *l, void *maps) {
-  if (l->mla) return l->kv_dtype == FATTN_DTYPE_FP8_E4M3 ? (int)cudaErrorNotSupported : fattn__mla90_encode_map(l, maps);
+  if (l->mla) return fattn__mla90_encode_map(l, maps);
   /* fp8 KV is gathered and widened by the producer: no maps. */
   if (!fattn__fa3_supports(l) || l->kv_dtype == FATTN_DTYPE_FP8_E4M3 || l->page_size < FA3__TMA_MIN_PAGE)
     return (int)cudaErrorNotSupported;
@@ -52,9 +52,9 @@ extern "C" int fattn__fa3_encode_maps(const fattn__layer_params *l, void *maps) 
 
 extern "C" int fattn__fa3_attend(fattn__layer_params l, fattn__step_params s, const void *q, void *out,
                                  float *lse, void *stream) {
-  if (l.mla) /* every MLA mode the context gives fa3 (all but CROSS); fp8 latents are fa2's alone */
-    return fattn__fa3_available() && l.kv_dtype != FATTN_DTYPE_FP8_E4M3 ? fattn__mla90_attend(l, s, q, out, lse, stream)
-                                                                        : fattn__fa2_attend(l, s, q, out, lse, stream);
+  if (l.mla) /* every MLA mode the context gives fa3 (all but CROSS); what mla90 lacks goes to fa2 */
+    return fattn__fa3_available() && fattn__mla90_supports(&l) ? fattn__mla90_attend(l, s, q, out, lse, stream)
+                                                               : fattn__fa2_attend(l, s, q, out, lse, stream);
   if (!fattn__fa3_supports(&l) || !fattn__fa3_available() || (!FA3_TAKES_DECODE && fattn__decode_kind(&l, &s)))
     return fattn__fa2_attend(l, s, q, out, lse, stream);
   if (s.cap_entries == 0u || s.cap_q_tokens == 0u || s.cap_tiles == 0u) return (int)cudaSuccess;

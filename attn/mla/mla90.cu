@@ -347,10 +347,14 @@ static int mla90__go(const fa2__args &a, const CUtensorMap &map, uint32_t use_tm
   return (int)fattn__launch(k, grid, dim3(MLA90__THREADS), MLA90__SMEM, st, a, map, use_tma);
 }
 
+extern "C" int fattn__mla90_supports(const fattn__layer_params *l) {
+  return l->mla && fattn__fa2_supports(l) && l->kv_dtype != FATTN_DTYPE_FP8_E4M3;
+}
+
 /* The latent pool as [slots, 1, 576] (the 3-d box load of fa3__tma3), boxes of 64 dims x 64
  * slots in the 128-byte swizzle: one box a slab of a block, where pages hold a block or more. */
 extern "C" int fattn__mla90_encode_map(const fattn__layer_params *l, void *map) {
-  if (!l->mla || !fattn__fa2_supports(l) || l->page_size < MLA90__TMA_MIN_PAGE) return (int)cudaErrorNotSupported;
+  if (!fattn__mla90_supports(l) || l->page_size < MLA90__TMA_MIN_PAGE) return (int)cudaErrorNotSupported;
   const PFN_cuTensorMapEncodeTiled_v12000 encode = fa3__tmap_encoder();
   if (!encode) return (int)cudaErrorNotSupported;
   const cuuint64_t dims[3] = {FA2__MLA_DK, 1u, (cuuint64_t)l->num_pages * l->page_size};
@@ -372,7 +376,7 @@ static uint32_t mla90__clamp(uint32_t x, uint32_t lo, uint32_t hi) { return x < 
  * the latent pool's map (fattn__mla90_encode_map); without it every block is gathered. */
 extern "C" int fattn__mla90_attend(fattn__layer_params l, fattn__step_params s, const void *q, void *out, float *lse,
                                    void *stream) {
-  if (!l.mla || !fattn__fa2_supports(&l)) return (int)cudaErrorInvalidValue;
+  if (!fattn__mla90_supports(&l)) return (int)cudaErrorInvalidValue;
   if (s.cap_entries == 0u || s.cap_q_tokens == 0u) return (int)cudaSuccess;
   cudaStream_t st = (cudaStream_t)stream;
   const fa2__args a = fa2__args_for(l, s, q, out, lse);

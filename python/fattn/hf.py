@@ -50,6 +50,23 @@ def _layer_options(config, layer):
     return opts, window
 
 
+def _mla_fields(m):
+    """The fattn model fields of MLA layers like m: one latent head of latent + rope dims, the
+    output the latent's width."""
+    latent, rope = m.kv_lora_rank, m.qk_rope_head_dim
+    return {"num_kv_heads": 1, "head_dim": latent + rope, "head_dim_v": latent,
+            "mla_latent_dim": latent, "mla_rope_dim": rope}
+
+
+def _absorbed(m):
+    """MLA layer m's kv_b_proj [heads * (nope + v), latent] as its key part W_UK [heads, nope,
+    latent], which q_nope goes through (q_nope . W_UK c = q_nope . k_nope), and its value part
+    W_UV [heads, v, latent], which the latent output goes through; float32, on m's device."""
+    w = m.kv_b_proj.weight.detach().float().view(m.num_heads, m.qk_nope_head_dim + m.v_head_dim,
+                                                 m.kv_lora_rank)
+    return w[:, :m.qk_nope_head_dim], w[:, m.qk_nope_head_dim:]
+
+
 class Backend:
     """One fattn context serving one model's attention layers. One generation at a time: a new
     cache() closes the sequences of the one before."""
@@ -77,11 +94,13 @@ class Backend:
                       "softmax_scale": self.scale, "logit_softcap": self.softcap or 0.0,
                       "layers": [opts for opts, _ in layers]}
         self.mla = hasattr(self.attn[0], "kv_b_proj")
-        self.absorbed = None
         if self.mla:
-            model_desc.update(self._mla_desc(self.attn[0]))
+            model_desc.update(_mla_fields(self.attn[0]))
         else:
             model_desc["head_dim"] = self.attn[0].head_dim
+        # MLA: each layer's absorbed weights (_absorbed), taken here since use() comes after the
+        # weights are loaded.
+        self.absorbed = [_absorbed(m) for m in self.attn] if self.mla else None
         self.sinks = None
         if hasattr(self.attn[0], "sinks"):
             self.sinks = torch.stack([m.sinks.detach().float().cpu() for m in self.attn])
@@ -104,20 +123,6 @@ class Backend:
         self._stepping = None  # the cache whose update ran just before the next attention
         self._latent = None    # MLA: that update's latent rows and rope keys
 
-    def _mla_desc(self, m):
-        """The fattn model fields of MLA layers like m, and each layer's absorbed weights:
-        kv_b_proj [heads * (nope + v), latent] split into the key part W_UK [heads, nope,
-        latent], which q_nope goes through (q_nope . W_UK c = q_nope . k_nope), and the value
-        part W_UV [heads, v, latent], which the latent output goes through. Float32, on the
-        module's device, taken here: use() comes after the weights are loaded."""
-        heads, latent, rope = m.num_heads, m.kv_lora_rank, m.qk_rope_head_dim
-        nope, v = m.qk_nope_head_dim, m.v_head_dim
-        self.absorbed = []
-        for a in self.attn:
-            w = a.kv_b_proj.weight.detach().float().view(heads, nope + v, latent)
-            self.absorbed.append((w[:, :nope], w[:, nope:]))
-        return {"num_kv_heads": 1, "head_dim": latent + rope, "head_dim_v": latent,
-                "mla_latent_dim": latent, "mla_rope_dim": rope}
 
     def cache(self):
         """A new PagedCache for one generation. The sinks are compared here, once a generation
