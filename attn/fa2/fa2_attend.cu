@@ -2,15 +2,15 @@
  * dispatch from layer shape, mode and step caps, and the split-KV combine kernel. */
 #include "attn/fa2/fa2.h"
 
-/* MLA: the absorbed shape with its latent in Q's type (fp8 latent rows are not built yet), one
- * latent head, and none of the options the MLA kernel lacks (softcap, sinks, window, chunk). */
+/* MLA: the absorbed shape with its latent in Q's type or fp8 e4m3, one latent head, and none
+ * of the options the MLA kernel lacks (softcap, sinks, window, chunk). */
 extern "C" int fattn__fa2_supports(const fattn__layer_params *l) {
   uint32_t d = l->head_dim, dv = l->head_dim_v;
   int dims = l->mla ? d == FA2__MLA_DK && dv == FA2__MLA_DV
                     : (d == 64u || d == 96u || d == 128u || d == 192u || d == 256u) &&
                           (dv == d || (d == 192u && dv == 128u));
   int types = (l->q_dtype == FATTN_DTYPE_BF16 || l->q_dtype == FATTN_DTYPE_FP16) &&
-              (l->kv_dtype == l->q_dtype || (!l->mla && l->kv_dtype == FATTN_DTYPE_FP8_E4M3));
+              (l->kv_dtype == l->q_dtype || l->kv_dtype == FATTN_DTYPE_FP8_E4M3);
   int ps = l->page_size >= 1u && l->page_size <= 256u && (l->page_size & (l->page_size - 1u)) == 0u;
   int heads = l->num_kv_heads > 0u && l->num_q_heads % l->num_kv_heads == 0u;
   int mla = !l->mla || (l->num_kv_heads == 1u && l->softcap == 0.f && !l->sinks && l->window < 0 && l->chunk == 0u);
