@@ -118,7 +118,8 @@ def _flashinfer_paged(q, k, v, causal, page):
     last = torch.full((bs,), kvl - (per - 1) * page, **i32)
     ws = torch.empty(256 << 20, device="cuda", dtype=torch.uint8)
     w = FI.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
-    w.plan(qo_indptr, kv_indptr, kv_indices, last, hq, hkv, d, page, causal=causal)
+    w.plan(qo_indptr, kv_indptr, kv_indices, last, hq, hkv, d, page, causal=causal,
+           q_data_type=q.dtype, kv_data_type=k.dtype)
     return lambda: w.run(qf, (kp, vp))
 
 
