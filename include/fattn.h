@@ -126,9 +126,10 @@ typedef struct fattn_model {
   uint32_t num_kv_heads; /* divides num_q_heads: MHA, GQA, MQA */
   uint32_t head_dim;     /* Q and K: 64, 96, 128, 192, 256 (MLA: latent + rope) */
   uint32_t head_dim_v;   /* V and O, <= head_dim; 0 means head_dim */
-  uint32_t mla_latent_dim; /* MLA absorbed form: 512; 0 means not MLA. On a GPU: FA2 (FA3 when
-                              asked), every mode but CROSS, latent rows in q_dtype or fp8 e4m3
-                              (k_scale), no softcap, sinks, window or chunk */
+  uint32_t mla_latent_dim; /* MLA absorbed form: 512; 0 means not MLA. On a GPU: FA2 or FA3
+                              (AUTO: FA3 on sm_90a above 16 q heads with the latent in q_dtype),
+                              every mode but CROSS, latent rows in q_dtype or fp8 e4m3 (k_scale),
+                              no softcap, sinks, window or chunk */
   uint32_t mla_rope_dim;   /* MLA: 64 */
   float softmax_scale;     /* 0 means 1 / sqrt(head_dim) */
   float logit_softcap;     /* s = cap * tanh(s / cap) before masking; 0 means none */

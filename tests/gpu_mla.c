@@ -156,6 +156,7 @@ START_TEST(mla_graph_replay_equals_eager) {
   c.max_seq_len = 4200;
   c.max_q_tokens = MLA_MAXB;
   c.graph_modes = 1u << FATTN_MODE_DECODE;
+  c.prefill_backend = c.decode_backend = FATTN_BACKEND_FA2; /* the portable kernel's graphs (gpu_graph replays mla90's) */
   mla_rig r;
   char why[256];
   ck_assert_msg(fattn_create(&c, &m, &r.ctx, why, sizeof why) == FATTN_OK, "%s", why);
@@ -216,6 +217,39 @@ START_TEST(mla_graph_replay_equals_eager) {
 END_TEST
 #endif
 
+#ifndef FATTN_TEST_MLA90 /* the public API's choice, asked once */
+/* AUTO runs MLA on the Hopper kernel above 16 q heads where that kernel runs (sm_90a, a latent
+ * in Q's type), and on the portable one otherwise: at 16 heads, and for an fp8 latent. */
+START_TEST(mla_auto_backend) {
+  static const struct {
+    uint32_t heads;
+    fattn_dtype kv;
+    int hopper;
+  } cases[] = {{128, FATTN_DTYPE_BF16, 1}, {16, FATTN_DTYPE_BF16, 0}, {128, FATTN_DTYPE_FP8_E4M3, 0}};
+  int sm90 = 0;
+#ifdef FATTN_HAVE_SM90A
+  sm90 = fattn__fa3_available();
+#endif
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    fattn_config c;
+    fattn_model m;
+    fattn_test_small(&c, &m);
+    m.num_layers = 1, m.num_q_heads = cases[i].heads, m.num_kv_heads = 1, m.head_dim = MLA_DK, m.head_dim_v = MLA_DV;
+    m.mla_latent_dim = 512, m.mla_rope_dim = 64;
+    c.device = 0, c.page_size = 64, c.kv_dtype = cases[i].kv;
+    fattn_ctx *ctx;
+    char why[256];
+    ck_assert_msg(fattn_create(&c, &m, &ctx, why, sizeof why) == FATTN_OK, "heads %u: %s", cases[i].heads, why);
+    const fattn_backend want = sm90 && cases[i].hopper ? FATTN_BACKEND_FA3 : FATTN_BACKEND_FA2;
+    for (uint32_t mode = FATTN_MODE_PREFILL; mode < FATTN_MODE_CROSS; mode++)
+      ck_assert_msg(fattn_ctx_backend(ctx, (fattn_mode)mode) == want, "heads %u, kv dtype %d, mode %u: backend %d",
+                    cases[i].heads, (int)cases[i].kv, mode, (int)fattn_ctx_backend(ctx, (fattn_mode)mode));
+    ck_assert_ok(fattn_destroy(ctx, 1));
+  }
+}
+END_TEST
+#endif
+
 START_TEST(mla_totals) {
   printf("mla totals: %d groups, %d failed cases, %d split steps run again under wide caps (%d with four-warp "
          "rows)\n", total_groups, total_fail, wide_runs, wide_shared);
@@ -230,5 +264,5 @@ END_TEST
 FATTN_SUITE("gpu_mla90", FATTN_TEST_GPU, mla_decode, mla_decode_long, mla_modes, mla_totals)
 #else
 FATTN_SUITE("gpu_mla", FATTN_TEST_GPU, mla_store_kv, mla_decode, mla_decode_long, mla_modes, mla_fp8_latent,
-            mla_graph_replay_equals_eager, mla_totals)
+            mla_graph_replay_equals_eager, mla_auto_backend, mla_totals)
 #endif
