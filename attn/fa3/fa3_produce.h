@@ -28,7 +28,7 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
   for (uint32_t k = 0;; k++) {
     /* Inside the loop: posted before it, the first item tipped the consumers' registers into
      * spilling (ptxas allocates the whole kernel at once). */
-    if (k == 0u && tid == FA3__CLAIM_THREAD) fa3__sched_post(a, sm, 0u, work, num_pairs);
+    if (k == 0u && tid == 0u) fa3__sched_post(a, sm, 0u, work, num_pairs);
     fa3__sync(FA3__BAR_PRODUCER, 128); /* item k is posted */
     /* the slot is written again for item k + 4, posted during item k + 3: past three more of these barriers */
     const uint32_t slot = k % FA3__SCHED_SLOTS, cur = sm->ring_w[slot];
@@ -126,10 +126,10 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
         load(blk);
         at.next();
       }
-      if (blk == 0u && tid == FA3__CLAIM_THREAD) fa3__sched_post(a, sm, k + 1u, work, num_pairs);
+      if (blk == 0u && tid == 0u) fa3__sched_post(a, sm, k + 1u, work, num_pairs);
     }
   }
-  if (tid == FA3__CLAIM_THREAD) fa3__sched_done(a.k.s.tile_counter);
+  if (tid == 0u) fa3__sched_done(a.k.s.tile_counter);
 }
 
 #endif /* __CUDACC__ */

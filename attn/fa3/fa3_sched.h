@@ -67,7 +67,7 @@ __device__ __forceinline__ void fa3__tile_of(const fa3__args &a, uint32_t w, uin
   t->nblk = t->ke > t->kb ? (t->ke - t->kb + BN - 1u) / BN : 0u;
 }
 
-/* The scheduler's contract. Blocks are persistent; the producer's FA3__CLAIM_THREAD runs it:
+/* The scheduler's contract. Blocks are persistent; the producer's thread 0 runs it:
  * (sm: the shared-memory plan, whose sched_full / sched_empty mbarriers and ring_w / ring_entry
  * words are a ring of FA3__SCHED_SLOTS)
  *   post(k)  claims the block's k-th item (k = 0: its own index; later ones from an atomic
@@ -80,10 +80,6 @@ __device__ __forceinline__ void fa3__tile_of(const fa3__args &a, uint32_t w, uin
  * last load of one item and the first of the next. Items are whole tile pairs: no claim is
  * spent on a half. */
 enum { FA3__SCHED_SLOTS = 4 };
-/* The producer thread that claims (and, its own claims made, counts the block done): lane 0 of
- * warp 1. Warp 0's lanes issue the TMA boxes, and a claim run by one of them holds the next
- * block's boxes for the claim's round trip. */
-enum { FA3__CLAIM_THREAD = 32 };
 /* A call of its own: inlined, its registers tipped the consumers' allocation into spilling
  * (ptxas allocates the whole kernel at once). */
 static __device__ __noinline__ fa3__item fa3__claim(const fa3__args &a, uint32_t k, uint32_t work, uint32_t num_pairs) {
