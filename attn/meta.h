@@ -155,12 +155,11 @@ FATTN__HD uint32_t fattn__decode_resident(int kv_fp8, uint32_t head_dim, uint32_
 /* Never overflows: q_len may come close to UINT32_MAX in a rejected batch's arithmetic. */
 FATTN__HD uint32_t fattn__ceil_div(uint32_t a, uint32_t b) { return a / b + (a % b != 0u); }
 
-/* The MLA kernel (attn/fa2/fa2_mla.cu): the packed (query, head) rows one block takes, for an
- * entry of `rows` of them (q heads x query tokens). 32 where there are more than 16, so that each
- * latent row a block loads feeds 32 rows (the most that four warps' O slices of 128 dims hold
- * under 128 registers): 16 heads with two query tokens read the latent once, not twice; 16
- * below, where a 32-row tile would be mostly padding. */
-FATTN__HD uint32_t fattn__mla_rows(uint32_t rows) { return rows <= 16u ? 16u : 32u; }
+/* The MLA kernel (attn/fa2/fa2_mla.cu): the packed (query, head) rows one block takes. 32 where
+ * there are more than 16 heads, so that each latent row a block loads feeds 32 heads (the most
+ * that four warps' O slices of 128 dims hold under 128 registers); 16 below, where a 32-row
+ * tile would be mostly padding. */
+FATTN__HD uint32_t fattn__mla_rows(uint32_t q_heads) { return q_heads <= 16u ? 16u : 32u; }
 /* Blocks an SM of the MLA decode kernel where its shared memory allows two (sm_90: 2 x 111 KiB;
  * sm_80 holds one), the wave of the split rule for MLA layers. */
 #ifndef FATTN__DECODE_RESIDENT_MLA

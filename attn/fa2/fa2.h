@@ -50,10 +50,9 @@ int fa2__launch_hd256(const fa2__args *a, int kind, dim3 grid, cudaStream_t st);
  * the latent's 512. */
 #define FA2__MLA_DK 576
 #define FA2__MLA_DV 512
-/* The MLA kernel (attn/fa2/fa2_mla.cu) taking `rows` packed rows a block (16 or 32,
- * fattn__mla_rows) over grid (entries x head groups of fattn__decode_groups, splits, row
- * tiles); returns a cudaError_t value. */
-int fa2__launch_mla(const fa2__args *a, uint32_t rows, dim3 grid, cudaStream_t st);
+/* The MLA kernel (attn/fa2/fa2_mla.cu) over grid (entries x head groups of
+ * fattn__decode_groups, splits, row tiles); returns a cudaError_t value. */
+int fa2__launch_mla(const fa2__args *a, dim3 grid, cudaStream_t st);
 
 #ifdef __CUDACC__
 

@@ -367,11 +367,11 @@ extern "C" int fattn__fa2_attend(fattn__layer_params l, fattn__step_params s, co
   const uint32_t split_cap = s.max_splits < 64u ? s.max_splits : 64u; /* blocks past it would only exit */
   if (l.mla) { /* every mode but CROSS (lib/config.c): x (entry, head group), y splits, z row tiles */
     const uint32_t groups = fattn__decode_groups(1, l.num_q_heads, 1u), ctas = s.cap_entries * groups;
-    const uint32_t rows = fattn__mla_rows(qpe * l.num_q_heads), tiles = fattn__ceil_div(qpe * l.num_q_heads, rows);
+    const uint32_t tiles = fattn__ceil_div(qpe * l.num_q_heads, fattn__mla_rows(l.num_q_heads));
     const uint32_t z = fa2__clamp(fattn__ceil_div(tiles, groups), 1u, 65535u);
     const uint64_t xz = (uint64_t)ctas * z;
     grid = dim3(ctas, xz >= want ? 1u : fa2__clamp((uint32_t)((want + xz - 1u) / xz), 1u, split_cap), z);
-    const int err = fa2__launch_mla(&a, rows, grid, st);
+    const int err = fa2__launch_mla(&a, grid, st);
     return err || !s.split_o || !fattn__mode_splits(s.mode) ? err : fa2__launch_combine(a, s, qpe, st);
   }
   if (decode) {

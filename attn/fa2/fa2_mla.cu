@@ -5,8 +5,8 @@
 #include "attn/fa2/fa2.h"
 
 /* Tile of the MLA kernel. A block takes ROWS packed rows of an entry (row R is q head R % H of
- * query R / H, so a tile holds the heads of one query, or at 16 heads and fewer those of two
- * or more) in 16-row slabs, MW of them, against one split of the entry's KV, BN slots a stage, ST stages. Warps are (slab wm,
+ * query R / H, so a tile holds the heads of one query, or at 8 heads those of two) in 16-row
+ * slabs, MW of them, against one split of the entry's KV, BN slots a stage, ST stages. Warps are (slab wm,
  * column wn) with NCOL column warps a slab: for S = Q K^T a warp takes its slab's rows against
  * BN / NCOL slots of the stage; for O += P V it takes the slab's rows against all BN slots and
  * owns DV / NCOL = 128 dims of O, so O (ROWS x 512 fp32) lives in registers split over the
@@ -322,15 +322,14 @@ static int fa2__mla_go(const fa2__args *a, dim3 grid, cudaStream_t st) {
   return (int)fattn__launch(k, grid, dim3(C::NT), C::SMEM, st, *a);
 }
 
-/* Eight kernels: 16 or 32 rows (fattn__mla_rows of an entry's packed rows) x bf16 or fp16 Q x
- * latent in Q's type or fp8. */
+/* Eight kernels: 16 or 32 rows (fattn__mla_rows) x bf16 or fp16 Q x latent in Q's type or fp8. */
 template <int ROWS, bool F8> static int fa2__mla_typed(const fa2__args *a, dim3 grid, cudaStream_t st) {
   return a->l.q_dtype == FATTN_DTYPE_BF16 ? fa2__mla_go<ROWS, __nv_bfloat16, F8>(a, grid, st)
                                           : fa2__mla_go<ROWS, __half, F8>(a, grid, st);
 }
-int fa2__launch_mla(const fa2__args *a, uint32_t rows, dim3 grid, cudaStream_t st) {
+int fa2__launch_mla(const fa2__args *a, dim3 grid, cudaStream_t st) {
   const bool f8 = a->l.kv_dtype == FATTN_DTYPE_FP8_E4M3;
-  if (rows == 16u)
+  if (fattn__mla_rows(a->l.num_q_heads) == 16u)
     return f8 ? fa2__mla_typed<16, true>(a, grid, st) : fa2__mla_typed<16, false>(a, grid, st);
   return f8 ? fa2__mla_typed<32, true>(a, grid, st) : fa2__mla_typed<32, false>(a, grid, st);
 }
