@@ -163,20 +163,14 @@ static void read_y(rank *r, uint16_t **dst, uint32_t tokens) {
   CUDA(cudaMemcpy(*dst, r->y, (size_t)tokens * HIDDEN * 2, cudaMemcpyDeviceToHost));
 }
 
-static void prefill(rank *r) {
-  step(r, FATTN_MODE_PREFILL, PROMPT, 0);
-  read_y(r, &r->y_prefill, BATCH * PROMPT);
-}
+static void prefill(rank *r) { step(r, FATTN_MODE_PREFILL, PROMPT, 0); }
 static void decode_eager(rank *r) {
   for (int i = 0; i < DECODE_STEPS; i++) step(r, FATTN_MODE_DECODE, 1, 0);
 }
 static void decode_graph(rank *r) {
   for (int i = 0; i < DECODE_STEPS; i++) step(r, FATTN_MODE_DECODE, 1, 1);
 }
-static void verify(rank *r) {
-  step(r, FATTN_MODE_TARGET_VERIFY, DRAFT, 0);
-  read_y(r, &r->y_verify, BATCH * DRAFT);
-}
+static void verify(rank *r) { step(r, FATTN_MODE_TARGET_VERIFY, DRAFT, 0); }
 
 static void *run_rank(void *arg) {
   rank *r = arg;
@@ -212,10 +206,15 @@ static void *run_rank(void *arg) {
                        cudaMemcpyHostToDevice, r->stream));
   for (uint32_t i = 0; i < BATCH; i++) FATTN(r, fattn_seq_open(r->ctx, &r->ids[i]));
   FATTN(r, fattn_graph_capture(r->ctx, FATTN_MODE_DECODE, BATCH, attention, r));
+  /* Untimed: cuBLAS's first GEMM and NCCL's first all-reduce set themselves up here (the
+   * projection of whatever r->o holds; y is written again by the prefill). */
+  project_and_sum(r, MAX_Q);
   phase(r, 0, prefill);
+  read_y(r, &r->y_prefill, BATCH * PROMPT); /* the copies back stay out of the phases' times */
   phase(r, 1, decode_eager);
   phase(r, 2, decode_graph);
   phase(r, 3, verify);
+  read_y(r, &r->y_verify, BATCH * DRAFT);
   FATTN(r, fattn_check(r->ctx));
   for (uint32_t i = 0; i < BATCH; i++) FATTN(r, fattn_seq_close(r->ctx, r->ids[i]));
   CUDA(cudaStreamSynchronize(r->stream));
@@ -275,6 +274,9 @@ static double rel_diff(const uint16_t *a, const uint16_t *b, size_t n) {
 
 int main(int argc, char **argv) {
   int n = 2, check_it = 0;
+  /* Every kernel loads with the CUDA context, not at its first launch inside a timed phase
+   * (unless the caller chose otherwise). */
+  setenv("CUDA_MODULE_LOADING", "EAGER", 0);
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--check") == 0) check_it = 1;
     else n = atoi(argv[i]);
