@@ -5,7 +5,8 @@
 # for ratios); `peers.py one cudnn|fa2|FA3|FA4 D SEQ CAUSAL` runs one prefill shape (for ncu).
 # `peers.py mla` times FlashInfer's absorbed-MLA decode (BatchMLAPagedAttentionWrapper, backend auto: fa3
 # on SM90) on DeepSeek-V3 shapes (heads 128 / 16, latent 512 + rope 64, page 64, bf16, q_len 1 and 2)
-# against build/mla.csv; not part of `all`. Without network or JIT time, install FlashInfer 0.5.3 from
+# against build/mla.csv; not part of `all`. `peers.py fp8` times FlashAttention-3 in fp8 beside its bf16
+# on the paper table and measures both one's RMSE on its accuracy setup (fattn's fp8 bars). Without network or JIT time, install FlashInfer 0.5.3 from
 # .gpu/fi (INSTALL.sh: its wheels and the prebuilt sm_90a MLA modules) first.
 # Timing as fattn-bench's: gpu (default) queues each timed call behind a ~200 us spin
 # (torch.cuda._sleep), so that the events time the GPU's work and not PyTorch's host path;
@@ -201,6 +202,76 @@ def prefill():
             torch.cuda.empty_cache()
 
 
+def fa3_fp8(q, k, v, causal, amax_scales=False):
+    """FlashAttention-3's fp8 forward on [bs, heads, seq, d] tensors: each of q, k, v quantised to
+    e4m3 with one scale a (batch, kv head) (its descale tensors' granularity), amax to 448 with
+    amax_scales, else 1 (for timing, on inputs within e4m3's range)."""
+    bs, hkv = q.shape[0], k.shape[1]
+    parts = []
+    for x in (q, k, v):
+        if not amax_scales:
+            s = torch.ones(bs, hkv, device=x.device, dtype=torch.float32)
+        else:  # q's heads share their kv head's scale: the amax over the group
+            g = x.reshape(bs, hkv, -1).abs().amax(dim=-1).float()
+            s = (g / 448.0).clamp_min(1e-12)
+        h = x.shape[1]
+        xs = x.float() / s.repeat_interleave(h // hkv, dim=1)[:, :, None, None]
+        parts.append((xs.transpose(1, 2).contiguous().to(torch.float8_e4m3fn), s.contiguous()))
+    (q8, qs), (k8, ks), (v8, vs) = parts
+    return lambda: FA3_FUNC(q8, k8, v8, causal=causal, q_descale=qs, k_descale=ks, v_descale=vs)
+
+
+def fp8():
+    """FlashAttention-3 in fp8 beside itself in bf16: the FA3 paper's table (TFLOP/s), and the RMSE
+    of O against a float64 oracle on its accuracy setup (N(0, 1), plus N(0, 100) on a share of
+    the entries), the bars of fattn's fp8 compute."""
+    if FA3_FUNC is None:
+        print("fp8: the fa3_fwd wheel is not importable: nothing to compare")
+        return
+    print("fp8, FA3 paper setup (16k tokens, hidden 2048), TFLOP/s: FlashAttention-3 bf16 and fp8 (e4m3 q, k, v)")
+    print(f"{'d':>4} {'seq':>6} {'causal':>6} {'FA3 bf16':>9} {'FA3 fp8':>9} {'fp8/bf16':>9}")
+    for d in (64, 128, 256):
+        for seq in (512, 1024, 2048, 4096, 8192, 16384):
+            bs, h = 16384 // seq, 2048 // d
+            q = torch.randn(bs, h, seq, d, device="cuda", dtype=torch.bfloat16)
+            k, v = torch.randn_like(q), torch.randn_like(q)
+            for causal in (True, False):
+                flops = 4 * bs * h * seq * seq * d / (2 if causal else 1)
+                t16 = try_time(flash(FA3_FUNC, q, k, v, causal))
+                t8 = try_time(fa3_fp8(q, k, v, causal))
+                r16, r8 = (flops / (ms / 1e3) / 1e12 if ms else None for ms in (t16, t8))
+                ratio = f"{r8 / r16:9.2f}" if r8 and r16 else "      n/a"
+                print(f"{d:4} {seq:6} {str(causal):>6} {fmt(r16):>9} {fmt(r8):>9} {ratio}")
+            del q, k, v
+            torch.cuda.empty_cache()
+    print("fp8 accuracy: bs 1, 16 heads, seq 2048, non-causal; RMSE of O against float64")
+    print(f"{'d':>4} {'outliers':>9} {'FA3 bf16':>10} {'FA3 fp8':>10}")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for d in (128, 256):
+        for share in (0.0, 0.001):
+            shape = (1, 16, 2048, d)
+            qkv = []
+            for _ in range(3):
+                x = torch.randn(shape, device="cuda", dtype=torch.float64, generator=gen)
+                hit = torch.rand(shape, device="cuda", dtype=torch.float64, generator=gen) < share
+                qkv.append(x + hit * torch.randn(shape, device="cuda", dtype=torch.float64, generator=gen) * 10.0)
+            q, k, v = qkv
+            ref = torch.softmax(q @ k.transpose(-1, -2) / d**0.5, dim=-1) @ v  # [bs, h, seq, d]
+            rmse = {}
+            for name in ("bf16", "fp8"):
+                qb, kb, vb = (x.to(torch.bfloat16) for x in (q, k, v))
+                try:
+                    fn = flash(FA3_FUNC, qb, kb, vb, False) if name == "bf16" else fa3_fp8(qb, kb, vb, False, amax_scales=True)
+                    out = fn()
+                    out = (out[0] if isinstance(out, tuple) else out).transpose(1, 2).double()
+                    rmse[name] = ((out - ref) ** 2).mean().sqrt().item()
+                except Exception as e:
+                    print(f"    (FA3 {name}: {type(e).__name__}: {str(e).splitlines()[0][:80]})")
+                    rmse[name] = None
+            cols = " ".join(f"{x:10.2e}" if x is not None else f"{'n/a':>10}" for x in (rmse["bf16"], rmse["fp8"]))
+            print(f"{d:4} {share:9.3f} {cols}")
+
+
 def serve():
     """The serving rows of `fattn-bench prefill` (Llama-3.1-8B heads): extend of q new tokens
     over a cached prefix (causal, queries aligned to the end of the KV), then the varlen batch."""
@@ -377,3 +448,5 @@ if __name__ == "__main__":
         serve()
     if what == "mla":
         mla()
+    if what == "fp8":
+        fp8()
