@@ -168,6 +168,20 @@ def decode():
         torch.cuda.empty_cache()
 
 
+def paper_rows():
+    """The FA3 paper's prefill table (16k tokens a row, hidden 2048): (d, seq, bs, causal, flops,
+    q, k, v) with bf16 [bs, heads, seq, d] inputs, causal then not, freed after each shape."""
+    for d in (64, 128, 256):
+        for seq in (512, 1024, 2048, 4096, 8192, 16384):
+            bs, h = 16384 // seq, 2048 // d
+            q = torch.randn(bs, h, seq, d, device="cuda", dtype=torch.bfloat16)
+            k, v = torch.randn_like(q), torch.randn_like(q)
+            for causal in (True, False):
+                yield d, seq, bs, causal, 4 * bs * h * seq * seq * d / (2 if causal else 1), q, k, v
+            del q, k, v
+            torch.cuda.empty_cache()
+
+
 def prefill():
     ours = read_csv("build/prefill.csv")          # fattn-bench prefill --backend fa2
     ours3 = read_csv("build/prefill_fa3.csv")     # fattn-bench prefill --backend fa3 --csv ...
@@ -178,28 +192,20 @@ def prefill():
     print(f"prefill, FA3 paper setup (16k tokens, hidden 2048), bf16, TFLOP/s; cuBLAS bf16 GEMM 8192^3: {gemm:.0f}")
     print(f"{'d':>4} {'seq':>6} {'causal':>6} {'cudnn':>8} {'fa2':>8} {'FA3':>8} {'FA4':>8} {'FI128':>8} {'our fa2':>8} "
           f"{'our fa3':>8} {'/best':>6} {'/gemm':>6}")
-    for d in (64, 128, 256):
-        for seq in (512, 1024, 2048, 4096, 8192, 16384):
-            bs, h = 16384 // seq, 2048 // d
-            q = torch.randn(bs, h, seq, d, device="cuda", dtype=torch.bfloat16)
-            k, v = torch.randn_like(q), torch.randn_like(q)
-            for causal in (True, False):
-                flops = 4 * bs * h * seq * seq * d / (2 if causal else 1)
-                t = {n: try_time(sdpa(n, q, k, v, causal)) for n in BACKENDS}
-                t["FA3"] = try_time(flash(FA3_FUNC, q, k, v, causal))
-                t["FA4"] = try_time(flash(FA4_FUNC, q, k, v, causal))
-                t["FI"] = try_time(flashinfer_paged(q, k, v, causal, 128)) if FI is not None else None
-                rate = {n: (flops / (ms / 1e3) / 1e12 if ms else None) for n, ms in t.items()}
-                key = ("causal" if causal else "noncausal", bs, seq, d, "bf16", 128)
-                f = float(ours[key]["tflops"]) if key in ours else None
-                f3 = float(ours3[key]["tflops"]) if key in ours3 else None
-                best = max((rate[n] for n in ("cudnn", "FA3", "FA4", "FI") if rate[n]), default=None)
-                ratio = f"{f3 / best:6.2f}" if f3 and best else "   n/a"
-                frac = f"{f3 / gemm:6.2f}" if f3 else "   n/a"
-                print(f"{d:4} {seq:6} {str(causal):>6} {fmt(rate['cudnn'])} {fmt(rate['fa2'])} {fmt(rate['FA3'])} "
-                      f"{fmt(rate['FA4'])} {fmt(rate['FI'])} {fmt(f)} {fmt(f3)} {ratio} {frac}")
-            del q, k, v
-            torch.cuda.empty_cache()
+    for d, seq, bs, causal, flops, q, k, v in paper_rows():
+        t = {n: try_time(sdpa(n, q, k, v, causal)) for n in BACKENDS}
+        t["FA3"] = try_time(flash(FA3_FUNC, q, k, v, causal))
+        t["FA4"] = try_time(flash(FA4_FUNC, q, k, v, causal))
+        t["FI"] = try_time(flashinfer_paged(q, k, v, causal, 128)) if FI is not None else None
+        rate = {n: (flops / (ms / 1e3) / 1e12 if ms else None) for n, ms in t.items()}
+        key = ("causal" if causal else "noncausal", bs, seq, d, "bf16", 128)
+        f = float(ours[key]["tflops"]) if key in ours else None
+        f3 = float(ours3[key]["tflops"]) if key in ours3 else None
+        best = max((rate[n] for n in ("cudnn", "FA3", "FA4", "FI") if rate[n]), default=None)
+        ratio = f"{f3 / best:6.2f}" if f3 and best else "   n/a"
+        frac = f"{f3 / gemm:6.2f}" if f3 else "   n/a"
+        print(f"{d:4} {seq:6} {str(causal):>6} {fmt(rate['cudnn'])} {fmt(rate['fa2'])} {fmt(rate['FA3'])} "
+              f"{fmt(rate['FA4'])} {fmt(rate['FI'])} {fmt(f)} {fmt(f3)} {ratio} {frac}")
 
 
 def fa3_fp8(q, k, v, causal, amax_scales=False):
@@ -230,20 +236,12 @@ def fp8():
         return
     print("fp8, FA3 paper setup (16k tokens, hidden 2048), TFLOP/s: FlashAttention-3 bf16 and fp8 (e4m3 q, k, v)")
     print(f"{'d':>4} {'seq':>6} {'causal':>6} {'FA3 bf16':>9} {'FA3 fp8':>9} {'fp8/bf16':>9}")
-    for d in (64, 128, 256):
-        for seq in (512, 1024, 2048, 4096, 8192, 16384):
-            bs, h = 16384 // seq, 2048 // d
-            q = torch.randn(bs, h, seq, d, device="cuda", dtype=torch.bfloat16)
-            k, v = torch.randn_like(q), torch.randn_like(q)
-            for causal in (True, False):
-                flops = 4 * bs * h * seq * seq * d / (2 if causal else 1)
-                t16 = try_time(flash(FA3_FUNC, q, k, v, causal))
-                t8 = try_time(fa3_fp8(q, k, v, causal))
-                r16, r8 = (flops / (ms / 1e3) / 1e12 if ms else None for ms in (t16, t8))
-                ratio = f"{r8 / r16:9.2f}" if r8 and r16 else "      n/a"
-                print(f"{d:4} {seq:6} {str(causal):>6} {fmt(r16):>9} {fmt(r8):>9} {ratio}")
-            del q, k, v
-            torch.cuda.empty_cache()
+    for d, seq, bs, causal, flops, q, k, v in paper_rows():
+        t16 = try_time(flash(FA3_FUNC, q, k, v, causal))
+        t8 = try_time(fa3_fp8(q, k, v, causal))
+        r16, r8 = (flops / (ms / 1e3) / 1e12 if ms else None for ms in (t16, t8))
+        ratio = f"{r8 / r16:9.2f}" if r8 and r16 else "      n/a"
+        print(f"{d:4} {seq:6} {str(causal):>6} {fmt(r16):>9} {fmt(r8):>9} {ratio}")
     print("fp8 accuracy: bs 1, 16 heads, seq 2048, non-causal; RMSE of O against float64")
     print(f"{'d':>4} {'outliers':>9} {'FA3 bf16':>10} {'FA3 fp8':>10}")
     gen = torch.Generator(device="cuda").manual_seed(0)
