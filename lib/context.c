@@ -16,13 +16,15 @@ static int is_prefill_mode(uint32_t mode) {
          mode == FATTN_MODE_DRAFT_EXTEND || mode == FATTN_MODE_CROSS;
 }
 
-/* The fastest backend built for this device: fa3 for the query-tiled modes on sm_90 where its
- * kernel covers the shape (it hands decode-like steps to fa2 itself), else fa2. */
 /* AUTO gives MLA layers of more than this many q heads to FA3 (the Hopper MLA kernel) in every
  * mode: at 128 heads it ran 1.5-2x the portable kernel's speed from 4k contexts up; at 16 heads
  * the portable kernel was as fast or faster on an H100 (docs/performance.md, MLA). */
 #define FATTN__MLA90_AUTO_MIN_HEADS 16u
 
+/* The fastest backend built for this device: for MLA layers, fa3 (the Hopper MLA kernel) above
+ * FATTN__MLA90_AUTO_MIN_HEADS where it runs the latent, else fa2; otherwise fa3 for the
+ * query-tiled modes on sm_90 where its kernel covers the shape (it hands decode-like steps to
+ * fa2 itself), else fa2. */
 static fattn_backend auto_backend(uint32_t mode, const fattn__layer_params *l) {
 #ifdef FATTN_HAVE_SM90A
   if (l->mla)

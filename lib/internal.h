@@ -61,10 +61,11 @@ fattn_status fattn__normalize(const fattn_config *cfg, const fattn_model *model,
                               fattn__norm *out, char *detail, size_t detail_len);
 /* MLA on the GPU backends (lib/config.c, pure, so that the CPU suite reads the details that
  * create and plan give). fattn__mla_mode_check: FATTN_OK where backend has an MLA kernel for
- * mode (FA2: every mode but CROSS), else FATTN_ERR_UNSUPPORTED, the detail naming the mode.
+ * mode (FA2, and FA3 where sm_90a is built: every mode but CROSS), else FATTN_ERR_UNSUPPORTED,
+ * the detail naming the mode.
  * fattn__mla_options_check: FATTN_ERR_UNSUPPORTED naming the first option of n (with the layer
  * options and whether the model has sinks, which create copies out of n) that the MLA kernel
- * lacks: fp8 or mixed-type latent rows, softcap, sinks, a window, a chunk. */
+ * lacks: a 16-bit latent of another type than Q, softcap, sinks, a window, a chunk. */
 fattn_status fattn__mla_mode_check(fattn_backend backend, uint32_t mode, char *detail, size_t detail_len);
 fattn_status fattn__mla_options_check(const fattn__norm *n, const fattn_layer_opts *layers, int has_sinks,
                                       char *detail, size_t detail_len);

@@ -1,8 +1,10 @@
 /* test_mla.c: what the GPU backends say of MLA, checked on the CPU: the details create and plan
- * give for the modes and options the MLA kernel lacks, and the split unit of MLA decode steps. */
+ * give for the modes and options the MLA kernel lacks, create's latent check against the
+ * portable kernel's contract, and the split unit of MLA decode steps. */
 #include <math.h>
 #include <stdlib.h>
 
+#include "attn/backend.h" /* fattn__fa2_supports */
 #include "lib/internal.h"
 #include "tests/support.h"
 
@@ -92,6 +94,30 @@ START_TEST(option_details_name_the_option) {
 }
 END_TEST
 
+/* Create's latent check and the portable kernel's own contract agree on every Q / latent type
+ * pair: a latent create admits that fattn__fa2_supports refused failed only on a GPU. */
+START_TEST(latent_types_agree_with_the_kernel) {
+  static const fattn_dtype Q[2] = {FATTN_DTYPE_BF16, FATTN_DTYPE_FP16};
+  static const fattn_dtype KV[3] = {FATTN_DTYPE_BF16, FATTN_DTYPE_FP16, FATTN_DTYPE_FP8_E4M3};
+  for (int qi = 0; qi < 2; qi++)
+    for (int ki = 0; ki < 3; ki++) {
+      fattn_config c;
+      fattn_model m;
+      fattn__norm n;
+      mla_model(&c, &m, 16);
+      c.q_dtype = Q[qi], c.kv_dtype = KV[ki];
+      ck_assert_ok(fattn__normalize(&c, &m, &n, detail, sizeof detail));
+      const int admitted = fattn__mla_options_check(&n, NULL, 0, detail, sizeof detail) == FATTN_OK;
+      fattn__layer_params l;
+      memset(&l, 0, sizeof l);
+      l.num_q_heads = 16, l.num_kv_heads = 1, l.head_dim = 576, l.head_dim_v = 512, l.mla = 1;
+      l.page_size = 64, l.window = FATTN_NO_WINDOW, l.q_dtype = Q[qi], l.kv_dtype = KV[ki];
+      ck_assert_msg(admitted == !!fattn__fa2_supports(&l), "q dtype %d, latent %d: create %s, fa2 %s", (int)Q[qi],
+                    (int)KV[ki], admitted ? "admits" : "refuses", fattn__fa2_supports(&l) ? "runs" : "does not");
+    }
+}
+END_TEST
+
 /* An MLA decode entry takes a block per group of q heads a split (16 up to 16 heads, else 32),
  * and the planner's header carries that unit to the split policy. */
 START_TEST(decode_groups_are_head_tiles) {
@@ -139,4 +165,5 @@ START_TEST(decode_groups_are_head_tiles) {
 END_TEST
 
 FATTN_SUITE("mla", FATTN_TEST_CPU, mode_details_name_the_mode, option_details_name_the_option,
+            latent_types_agree_with_the_kernel,
             decode_groups_are_head_tiles)

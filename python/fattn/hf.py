@@ -123,7 +123,6 @@ class Backend:
         self._stepping = None  # the cache whose update ran just before the next attention
         self._latent = None    # MLA: that update's latent rows and rope keys
 
-
     def cache(self):
         """A new PagedCache for one generation. The sinks are compared here, once a generation
         rather than once a layer and step (on a GPU each comparison waits for the device)."""
