@@ -260,19 +260,24 @@ __device__ __forceinline__ void mla90__consume(const fa2__args &a, const mla90__
 
   /* The end: the rows' sums of both consumers (added in consumer order, so both get the same
    * bits), then O / l and the LSE (consumer 0), or the split's partial O and LSE for the
-   * combine. A row that sees nothing gives O = 0 and LSE -inf. */
+   * combine. A row that sees nothing gives O = 0 and LSE -inf. The exchange closes with its
+   * own barrier: both consumers hold the sums in registers before either leaves the item, so
+   * an item's reads of lsum do not rest on the next item's Q barrier to precede its writes. */
+  float L[2];
 #pragma unroll
   for (int h = 0; h < 2; h++) {
-    const float L = fa2__lanes_sum<1, 2>(ls[h]);
-    if (c4 == 0u) sm->lsum[c][rw[h]] = L;
+    L[h] = fa2__lanes_sum<1, 2>(ls[h]);
+    if (c4 == 0u) sm->lsum[c][rw[h]] = L[h];
   }
+  fa3__sync(MLA90__BAR_BOTH, 256);
+#pragma unroll
+  for (int h = 0; h < 2; h++) L[h] = sm->lsum[0][rw[h]] + sm->lsum[1][rw[h]];
   fa3__sync(MLA90__BAR_BOTH, 256);
 #pragma unroll
   for (int h = 0; h < 2; h++) {
     const uint32_t R = it.R0 + rw[h], t = R / H, hq = R % H;
-    const float L = sm->lsum[0][rw[h]] + sm->lsum[1][rw[h]];
     float lse2 = -INFINITY, inv = 0.f;
-    if (m[h] != -INFINITY) inv = fa2__sink_join<true>(m[h], L, -INFINITY, it.split ? 1.f : a.o_mul, lse2);
+    if (m[h] != -INFINITY) inv = fa2__sink_join<true>(m[h], L[h], -INFINITY, it.split ? 1.f : a.o_mul, lse2);
     if (R >= it.Rend) continue;
     if (it.split) {
       const size_t row = (size_t)(it.e.split_row + t * it.e.num_splits + it.sp) * H + hq;
