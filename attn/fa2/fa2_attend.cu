@@ -365,12 +365,12 @@ extern "C" int fattn__fa2_attend(fattn__layer_params l, fattn__step_params s, co
   /* twice the policy's target: graph padding may leave fewer live entries than cap_entries */
   const uint32_t want = 2u * FATTN__CTAS_PER_SM * a.num_sms;
   const uint32_t split_cap = s.max_splits < 64u ? s.max_splits : 64u; /* blocks past it would only exit */
-  if (l.mla) { /* every mode but CROSS (lib/config.c): x (entry, head group), y splits, z row tiles */
+  if (l.mla) { /* every mode but CROSS (lib/config.c): x (entry, head group) x row-tile strides, y splits */
     const uint32_t groups = fattn__decode_groups(1, l.num_q_heads, 1u), ctas = s.cap_entries * groups;
     const uint32_t tiles = fattn__ceil_div(qpe * l.num_q_heads, fattn__mla_rows(l.num_q_heads));
-    const uint32_t z = fa2__clamp(fattn__ceil_div(tiles, groups), 1u, 65535u);
+    const uint32_t z = fa2__clamp(fattn__ceil_div(tiles, groups), 1u, (uint32_t)(INT32_MAX / ctas));
     const uint64_t xz = (uint64_t)ctas * z;
-    grid = dim3(ctas, xz >= want ? 1u : fa2__clamp((uint32_t)((want + xz - 1u) / xz), 1u, split_cap), z);
+    grid = dim3((uint32_t)xz, xz >= want ? 1u : fa2__clamp((uint32_t)((want + xz - 1u) / xz), 1u, split_cap));
     const int err = fa2__launch_mla(&a, grid, st);
     return err || !s.split_o || !fattn__mode_splits(s.mode) ? err : fa2__launch_combine(a, s, qpe, st);
   }

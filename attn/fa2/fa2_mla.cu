@@ -290,9 +290,12 @@ __device__ __forceinline__ void fa2__mla_work(const fa2__args &a, const fattn__e
   __syncthreads(); /* the next item's loads overwrite red */
 }
 
-/* Grid: x = (entry, group g of the header's decode_groups), y strides over splits, z over the
- * entry's row tiles g, g + groups, ..., so that any grid covers any step of its caps and an
- * item's bytes never depend on the grid. */
+/* Grid: x = (entry, group g of the header's decode_groups) x zc strides over the entry's row
+ * tiles g, g + groups, ..., with the stride index fastest; y strides over splits. Any grid
+ * covers any step of its caps and an item's bytes never depend on the grid. The row tiles
+ * vary fastest so that the blocks reading one split's latent rows for different queries
+ * (q_len 2 and more at 16 heads) start together and share those rows through L2, where
+ * launched a grid slice apart each read them from DRAM. */
 template <int ROWS, int BN, int ST, typename TQ, bool F8>
 __global__ void __launch_bounds__(fa2__mla_cfg<ROWS, BN, ST, TQ, F8>::NT, fa2__mla_cfg<ROWS, BN, ST, TQ, F8>::MINB)
     fa2__mla(const fa2__args a) {
@@ -301,13 +304,14 @@ __global__ void __launch_bounds__(fa2__mla_cfg<ROWS, BN, ST, TQ, F8>::NT, fa2__m
   extern __shared__ __align__(16) char smem[];
   const fattn__step_hdr *hdr = a.s.hdr;
   const uint32_t groups = fattn__decode_groups(1, a.l.num_q_heads, 1u);
-  const uint32_t ei = blockIdx.x / groups, gi = blockIdx.x % groups;
+  const uint32_t zc = gridDim.x / (a.s.cap_entries * groups), zi = blockIdx.x % zc, xg = blockIdx.x / zc;
+  const uint32_t ei = xg / groups, gi = xg % groups;
   if (ei >= hdr->num_entries) return;
   const fattn__entry e = a.s.entries[ei];
   const int causal = (int)hdr->causal;
   const bool tree = hdr->mode == FATTN_MODE_TARGET_VERIFY && e.mask_row != UINT32_MAX && a.s.mask;
   const uint32_t nsp = e.num_splits > 1u ? e.num_splits : 1u, tiles = fattn__ceil_div(e.q_len * a.l.num_q_heads, ROWS);
-  for (uint32_t rt = gi + groups * blockIdx.z; rt < tiles; rt += groups * gridDim.z)
+  for (uint32_t rt = gi + groups * zi; rt < tiles; rt += groups * zc)
     for (uint32_t sp = blockIdx.y; sp < nsp; sp += gridDim.y)
       fa2__mla_work<ROWS, BN, ST, TQ, F8>(a, e, causal, tree, rt * ROWS, sp, nsp > 1u, smem);
 }
