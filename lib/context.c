@@ -17,18 +17,23 @@ static int is_prefill_mode(uint32_t mode) {
 }
 
 /* AUTO gives MLA layers of more than this many q heads to FA3 (the Hopper MLA kernel) in every
- * mode: at 128 heads it ran 1.5-2x the portable kernel's speed from 4k contexts up; at 16 heads
- * the portable kernel was as fast or faster on an H100 (docs/performance.md, MLA). */
+ * mode: at 128 heads it ran 1.5-2x the portable kernel's speed from 4k contexts up. At this
+ * many heads and fewer the portable kernel is faster for one query a sequence (DECODE,
+ * DRAFT_DECODE: 16 heads fill a 16-row block, the Hopper tile is 64 rows), but the Hopper
+ * kernel packs several queries' heads into one tile and reads the latent once for them, where
+ * the portable one reads it once a query: the multi-token modes go to FA3 (16 heads, 2 queries:
+ * 1.0-1.5x from 4k contexts up, 0.8-1.06x at 1k; H100, docs/performance.md, MLA). */
 #define FATTN__MLA90_AUTO_MIN_HEADS 16u
 
 /* The fastest backend built for this device: for MLA layers, fa3 (the Hopper MLA kernel) above
- * FATTN__MLA90_AUTO_MIN_HEADS where it runs the latent, else fa2; otherwise fa3 for the
- * query-tiled modes on sm_90 where its kernel covers the shape (it hands decode-like steps to
- * fa2 itself), else fa2. */
+ * FATTN__MLA90_AUTO_MIN_HEADS or in the multi-token modes where it runs the latent, else fa2;
+ * otherwise fa3 for the query-tiled modes on sm_90 where its kernel covers the shape (it hands
+ * decode-like steps to fa2 itself), else fa2. */
 static fattn_backend auto_backend(uint32_t mode, const fattn__layer_params *l) {
 #ifdef FATTN_HAVE_SM90A
   if (l->mla)
-    return fattn__fa3_available() && fattn__mla90_supports(l) && l->num_q_heads > FATTN__MLA90_AUTO_MIN_HEADS
+    return fattn__fa3_available() && fattn__mla90_supports(l) &&
+                   (l->num_q_heads > FATTN__MLA90_AUTO_MIN_HEADS || is_prefill_mode(mode))
                ? FATTN_BACKEND_FA3
                : FATTN_BACKEND_FA2;
   if (is_prefill_mode(mode) && fattn__fa3_available() && fattn__fa3_supports(l)) return FATTN_BACKEND_FA3;

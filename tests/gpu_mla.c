@@ -221,11 +221,12 @@ END_TEST
 /* AUTO runs MLA on the Hopper kernel above 16 q heads where that kernel runs (sm_90a, a latent
  * in Q's type), and on the portable one otherwise: at 16 heads, and for an fp8 latent. */
 START_TEST(mla_auto_backend) {
+  /* hopper: 1 in every mode, 2 in the multi-token modes only (lib/context.c, auto_backend) */
   static const struct {
     uint32_t heads;
     fattn_dtype kv;
     int hopper;
-  } cases[] = {{128, FATTN_DTYPE_BF16, 1}, {16, FATTN_DTYPE_BF16, 0}, {128, FATTN_DTYPE_FP8_E4M3, 0}};
+  } cases[] = {{128, FATTN_DTYPE_BF16, 1}, {16, FATTN_DTYPE_BF16, 2}, {128, FATTN_DTYPE_FP8_E4M3, 0}};
   int sm90 = 0;
 #ifdef FATTN_HAVE_SM90A
   sm90 = fattn__fa3_available();
@@ -240,10 +241,13 @@ START_TEST(mla_auto_backend) {
     fattn_ctx *ctx;
     char why[256];
     ck_assert_msg(fattn_create(&c, &m, &ctx, why, sizeof why) == FATTN_OK, "heads %u: %s", cases[i].heads, why);
-    const fattn_backend want = sm90 && cases[i].hopper ? FATTN_BACKEND_FA3 : FATTN_BACKEND_FA2;
-    for (uint32_t mode = FATTN_MODE_PREFILL; mode < FATTN_MODE_CROSS; mode++)
+    for (uint32_t mode = FATTN_MODE_PREFILL; mode < FATTN_MODE_CROSS; mode++) {
+      const int multi = mode == FATTN_MODE_PREFILL || mode == FATTN_MODE_TARGET_VERIFY || mode == FATTN_MODE_DRAFT_EXTEND;
+      const int hopper = sm90 && (cases[i].hopper == 1 || (cases[i].hopper == 2 && multi));
+      const fattn_backend want = hopper ? FATTN_BACKEND_FA3 : FATTN_BACKEND_FA2;
       ck_assert_msg(fattn_ctx_backend(ctx, (fattn_mode)mode) == want, "heads %u, kv dtype %d, mode %u: backend %d",
                     cases[i].heads, (int)cases[i].kv, mode, (int)fattn_ctx_backend(ctx, (fattn_mode)mode));
+    }
     ck_assert_ok(fattn_destroy(ctx, 1));
   }
 }

@@ -32,17 +32,18 @@ __device__ __forceinline__ void fa3__quad_transpose(uint32_t (&w)[4], uint32_t c
 
 /* O (the m64 x DV fragment o of rows R0.., DV / 2 registers) and LSE of a thread's two rows;
  * m and l are the softmax policy's row state. Rows past the entry are not stored; at d 96 the
- * padding dims are not either. A quad holds a row's 8-column groups a 4-byte pair a lane;
- * transposed four groups at a time, each lane stores one group's 16 bytes and the quad 64
- * contiguous bytes (two whole sectors), where stored pair by pair each sector took two
- * half-filled stores. Every lane joins the shuffles; only the stores are per row. */
-template <int DV, typename T, bool F8>
+ * padding dims are not either. A quad holds a row's 8-column groups a 4-byte pair a lane.
+ * QUAD (the table's O column): transposed four groups at a time, each lane stores one group's
+ * 16 bytes and the quad 64 contiguous bytes (two whole sectors), where stored pair by pair
+ * each sector takes two half-filled stores; every lane joins the shuffles, only the stores
+ * are per row. An out not 16-byte aligned is stored pair by pair. */
+template <int DV, typename T, bool F8, bool QUAD>
 __device__ __forceinline__ void fa3__store_o(const fa3__args &a, const fa3__tile &t, const float *m, const float *l_rows,
                                              const float *o, uint32_t R0, uint32_t warp, uint32_t g, uint32_t c4) {
   static_assert(DV % 32 == 0, "the quad transpose stores 32 columns at a time");
   const fattn__layer_params &l = a.k.l;
   const uint32_t dv = l.head_dim_v;
-  const bool wide = ((uintptr_t)a.k.out & 15u) == 0u; /* else pair by pair */
+  const bool wide = QUAD && ((uintptr_t)a.k.out & 15u) == 0u;
 #pragma unroll
   for (int h = 0; h < 2; h++) {
     const uint32_t q = R0 + warp * 16u + g + 8u * h;

@@ -193,7 +193,7 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
     } else {
       item = take(k + 1u);
     }
-    if (rows) fa3__store_o<DV, T, F8>(a, t, sm_rows.m, sm_rows.l, o, R0, warp, g, c4);
+    if (rows) fa3__store_o<DV, T, F8, C::QUAD_O>(a, t, sm_rows.m, sm_rows.l, o, R0, warp, g, c4);
   }
   if (c == 0) fa3__sync(FA3__BAR_TURN, 256); /* consumer 1's last turn handed over */
 }

@@ -5,7 +5,7 @@
 
 #include <stdint.h>
 
-/* X(DK, DV, BN, ST, ST8, P_REGS, C_REGS, SOFTMAX), read as a table:
+/* X(DK, DV, BN, ST, ST8, P_REGS, C_REGS, SOFTMAX, O), read as a table:
  *   DK, DV   the QK and PV dims of the tiles, in 64-dim slabs (d 96 runs the 128 row with its
  *            upper dims zero; d 192 has rows for d_v 128 and 192)
  *   BN       KV slots a block (the S GEMM's N)
@@ -16,14 +16,18 @@
  *            for more than the producer freed wait forever. At d 192 the producer's TMA lanes
  *            spill at 40 and the consumers fit in 224 (ptxas -v).
  *   SOFTMAX  exact (rescale whenever a max grows) or lazy (FA4's thresholded max; it pays
- *            where O is 128 registers a thread) */
+ *            where O is 128 registers a thread)
+ *   O        how the epilogue stores O: pair (each lane's 4-byte pairs) or quad (a quad
+ *            transposes its words and stores 16 bytes a lane, fa3__store_o); quad measured
+ *            3-9% faster at d 256 up to 2k and flat beyond, 2-4% slower at d 64 and at d 128
+ *            from 2k (H100, docs/performance.md), d 192 not measured */
 #define FA3__TABLE(X)                         \
-  /* DK   DV   BN  ST ST8  P    C   softmax */ \
-  X(64, 64, 128, 4, 4, 40, 232, exact)         \
-  X(128, 128, 128, 3, 2, 40, 232, exact)       \
-  X(192, 128, 64, 4, 3, 56, 224, lazy)         \
-  X(192, 192, 64, 3, 3, 56, 224, lazy)         \
-  X(256, 256, 64, 2, 2, 40, 232, lazy)
+  /* DK   DV   BN  ST ST8  P    C   softmax  O */ \
+  X(64, 64, 128, 4, 4, 40, 232, exact, pair)         \
+  X(128, 128, 128, 3, 2, 40, 232, exact, pair)       \
+  X(192, 128, 64, 4, 3, 56, 224, lazy, pair)         \
+  X(192, 192, 64, 3, 3, 56, 224, lazy, pair)         \
+  X(256, 256, 64, 2, 2, 40, 232, lazy, quad)
 
 /* A head dim rounded up to the 64-dim slabs of the tiles. */
 #define FA3__DK(hd) (((hd) + 63u) / 64u * 64u)
@@ -34,7 +38,7 @@
 /* KV slots a block of the layer's kernel (its table row), 0 where no row serves. */
 static inline uint32_t fa3__tile_slots(uint32_t head_dim, uint32_t head_dim_v) {
   const uint32_t dk = FA3__DK(head_dim), dv = FA3__DK(head_dim_v);
-#define FA3__ROW_BN(DK, DV, BN, ST, ST8, P, C, SM) \
+#define FA3__ROW_BN(DK, DV, BN, ST, ST8, P, C, SM, O) \
   if (dk == DK && dv == DV) return BN;
   FA3__TABLE(FA3__ROW_BN)
 #undef FA3__ROW_BN
@@ -47,9 +51,12 @@ static inline uint32_t fa3__tile_slots(uint32_t head_dim, uint32_t head_dim_v) {
 #include "attn/fa3/fa3_softmax.h"
 
 template <int DK, int DV> struct fa3__row;
-#define FA3__ROW_TRAITS(DK, DV, BN_, ST_, ST8_, P, C, SM)                      \
+#define FA3__O_pair false
+#define FA3__O_quad true
+#define FA3__ROW_TRAITS(DK, DV, BN_, ST_, ST8_, P, C, SM, O)                   \
   template <> struct fa3__row<DK, DV> {                                      \
     static constexpr int BN = BN_, ST = ST_, ST8 = ST8_, P_REGS = P, C_REGS = C; \
+    static constexpr bool QUAD_O = FA3__O_##O;                               \
     template <int N> using softmax = fa3__softmax_##SM<N>;                   \
   };
 FA3__TABLE(FA3__ROW_TRAITS)
@@ -61,6 +68,7 @@ template <int DK, int DV, bool F8> struct fa3__cfg {
   using R = fa3__row<DK, DV>;
   static constexpr int BN = R::BN, ST = F8 ? R::ST8 : R::ST, NT = 384, SK = DK / 64, SV = DV / 64;
   static constexpr int P_REGS = R::P_REGS, C_REGS = R::C_REGS;
+  static constexpr bool QUAD_O = R::QUAD_O;
   static constexpr int Q_WG = SK * 64 * 128;      /* one consumer's 64 rows: [slab][64][128 B] */
   static constexpr int KV_SLAB = BN * 128;        /* [BN slots][128 B] */
   static constexpr int K_BYTES = SK * KV_SLAB;    /* [slab][BN][128 B] */

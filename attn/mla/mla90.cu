@@ -258,11 +258,10 @@ __device__ __forceinline__ void mla90__consume(const fa2__args &a, const mla90__
     }
   }
 
-  /* The end: the rows' sums of both consumers (added in consumer order, so both get the same
-   * bits), then O / l and the LSE (consumer 0), or the split's partial O and LSE for the
-   * combine. A row that sees nothing gives O = 0 and LSE -inf. The exchange closes with its
-   * own barrier: both consumers hold the sums in registers before either leaves the item, so
-   * an item's reads of lsum do not rest on the next item's Q barrier to precede its writes. */
+  /* The end: the rows' sums of both consumers, each its own from registers and the other's
+   * from shared memory (a sum of two is the same bits in either order), then O / l and the
+   * LSE (consumer 0), or the split's partial O and LSE for the combine. A row that sees
+   * nothing gives O = 0 and LSE -inf. */
   float L[2];
 #pragma unroll
   for (int h = 0; h < 2; h++) {
@@ -271,8 +270,7 @@ __device__ __forceinline__ void mla90__consume(const fa2__args &a, const mla90__
   }
   fa3__sync(MLA90__BAR_BOTH, 256);
 #pragma unroll
-  for (int h = 0; h < 2; h++) L[h] = sm->lsum[0][rw[h]] + sm->lsum[1][rw[h]];
-  fa3__sync(MLA90__BAR_BOTH, 256);
+  for (int h = 0; h < 2; h++) L[h] += sm->lsum[other][rw[h]];
 #pragma unroll
   for (int h = 0; h < 2; h++) {
     const uint32_t R = it.R0 + rw[h], t = R / H, hq = R % H;

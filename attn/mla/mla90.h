@@ -35,7 +35,7 @@ FATTN__HD uint32_t mla90__groups(uint32_t q_heads) { return q_heads > MLA90__ROW
  *   MAX + x    x published block i's row max and rescale factor, and wrote P_i;
  *   PFREE + x  x's P V of its own block completed: the other may overwrite P;
  *   WG + c     consumer c's own 128 threads (its P rows all written);
- *   BOTH       both consumers (Q landed; the row sums written; the row sums read). */
+ *   BOTH       both consumers (Q landed; the row sums exchanged). */
 enum mla90__named_barrier {
   MLA90__BAR_PRODUCER = 1,
   MLA90__BAR_MAX = 2,
