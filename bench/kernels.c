@@ -314,19 +314,22 @@ int fattn_bench_prefill(int argc, char **argv) {
  * bf16 and fp8 e4m3 latent; beside the pure read of the same latent pages.
  * TFLOP/s counts 2 (576 + 512) FLOPs a q head and slot. Options: --csv PATH (default
  * build/mla.csv, the columns bench/peers/peers.py mla reads), --backend fa2|fa3 (the portable
- * kernel or the Hopper one, on both sides; default AUTO), --heads N, --bs N, --kv bf16|fp8
- * (those rows). */
+ * kernel or the Hopper one, on both sides; default AUTO), --heads N, --bs N, --ctx N, --q N,
+ * --kv bf16|fp8 (those rows; one row alone is what ncu wants). */
 int fattn_bench_mla(int argc, char **argv) {
   const char *path = "build/mla.csv", *only_kv = NULL;
-  unsigned only_heads = 0;
+  unsigned only_heads = 0, only_ctx = 0, only_q = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (strcmp(argv[i], "--csv") == 0) path = argv[i + 1];
     else if (backend_arg(argv[i], argv[i + 1], &decode_backend)) prefill_backend = decode_backend;
     else if (strcmp(argv[i], "--kv") == 0 && (!strcmp(argv[i + 1], "bf16") || !strcmp(argv[i + 1], "fp8")))
       only_kv = argv[i + 1];
     else if (!((strcmp(argv[i], "--heads") == 0 && sscanf(argv[i + 1], "%u", &only_heads) == 1) ||
-               (strcmp(argv[i], "--bs") == 0 && sscanf(argv[i + 1], "%u", &only_bs) == 1)))
-      fail("fattn-bench mla", "options: --csv PATH, --backend fa2|fa3 (both sides), --heads N, --bs N, --kv bf16|fp8");
+               (strcmp(argv[i], "--bs") == 0 && sscanf(argv[i + 1], "%u", &only_bs) == 1) ||
+               (strcmp(argv[i], "--ctx") == 0 && sscanf(argv[i + 1], "%u", &only_ctx) == 1) ||
+               (strcmp(argv[i], "--q") == 0 && sscanf(argv[i + 1], "%u", &only_q) == 1)))
+      fail("fattn-bench mla",
+           "options: --csv PATH, --backend fa2|fa3 (both sides), --heads N, --bs N, --ctx N, --q 1|2, --kv bf16|fp8");
   }
   if (!fattn_bench_has_gpu()) fail("fattn-bench mla", "needs a CUDA device");
   FILE *csv = fopen(path, "w");
@@ -345,6 +348,7 @@ int fattn_bench_mla(int argc, char **argv) {
         for (int ci = 0; ci < 4; ci++)
           for (uint32_t ql = 1; ql <= 2; ql++) {
             if ((only_heads && heads[hi] != only_heads) || (only_bs && bss[bi] != only_bs) ||
+                (only_ctx && ctxs[ci] != only_ctx) || (only_q && ql != only_q) ||
                 (only_kv && strcmp(only_kv, kvs[ki].name) != 0))
               continue;
             const fattn_mode mode = ql == 1 ? FATTN_MODE_DECODE : FATTN_MODE_TARGET_VERIFY;

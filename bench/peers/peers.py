@@ -356,7 +356,9 @@ def mla_check(w, q_nope, q_pe, ckv, kpe, kv_indices, ctx, ql, sm_scale):
 def mla():
     """FlashInfer's absorbed MLA (DeepSeek-V3: 128 or 16 local heads, latent 512 + rope 64 = 576 read per
     token, qk head dim 128 + 64 for the softmax scale) over a paged latent cache of page 64 in a random
-    page order; q_len 2 is one MTP draft token (causal within the sequence). GB/s of latent read."""
+    page order; q_len 2 is one MTP draft token (causal within the sequence). GB/s of latent read.
+    MLA_ONLY=HEADS,BS,CTX,Q runs that row alone (for ncu)."""
+    only = tuple(int(x) for x in os.environ["MLA_ONLY"].split(",")) if os.environ.get("MLA_ONLY") else None
     if FI is None:
         print("mla: flashinfer is not importable (install .gpu/fi, see INSTALL.sh); no FlashInfer MLA rows")
         return
@@ -374,6 +376,8 @@ def mla():
     for heads in (128, 16):
         for bs in (1, 16, 64, 128):
             for ctx in (1024, 4096, 16384, 65536):
+                if only and (heads, bs, ctx) != only[:3]:
+                    continue
                 if bs * ctx * 576 * 2 > 40 * 2**30:  # the cache would exceed ~40 GiB
                     print(f"{heads:5} {bs:4} {ctx:6}    (skipped: cache over 40 GiB)")
                     continue
@@ -384,6 +388,8 @@ def mla():
                 kv_indptr = torch.arange(0, bs + 1, dtype=torch.int32) * per
                 kv_lens = torch.full((bs,), ctx, dtype=torch.int32)
                 for ql in (1, 2):
+                    if only and ql != only[3]:
+                        continue
                     q_nope = torch.randn(bs * ql, heads, 512, device="cuda", dtype=bf16)
                     q_pe = torch.randn(bs * ql, heads, 64, device="cuda", dtype=bf16)
                     out = torch.empty_like(q_nope)
