@@ -50,14 +50,16 @@ __device__ __forceinline__ void mla90__produce(const fa2__args &a, const CUtenso
  * for its own block i:
  *   1. its P V of block i - 2 completed: frees that stage and arrives PFREE + c (i >= 2);
  *   2. S_i issued once the stage landed;
- *   3. block i - 1's max and alpha (MAX + other): O and l rescaled, P_{i-1} V_{i-1} issued;
+ *   3. block i - 1's max, alpha and row sum (MAX + other): O rescaled, P_{i-1} V_{i-1} issued;
  *   4. S_i completed: the softmax of block i;
  *   5. P V of block i - 1 completed, its own and (PFREE + other) the other's: frees the stage;
- *   6. P_i written, MAX + c arrived;
+ *   6. P_i and the row sum through block i written, MAX + c arrived;
  *   7. O rescaled by alpha_i, P_i V_i issued.
- * The tail does the last block's P V on the consumer that did not own it. Row sums l: each
- * consumer keeps its own blocks' sums, rescaled by every alpha, and the two are added at the
- * end. Issue sequences hold no waits (ptxas would serialise the wgmmas after a spin loop). */
+ * The tail does the last block's P V on the consumer that did not own it. Row sums l run
+ * through the blocks like the max: the owner of block i takes l through block i - 1 with its
+ * max, rescales it by alpha_i, adds its P's row sums (quad-reduced) and publishes the result
+ * with the max, so that both consumers end with the same bits and no exchange of their own.
+ * Issue sequences hold no waits (ptxas would serialise the wgmmas after a spin loop). */
 template <typename T>
 __device__ __forceinline__ void mla90__consume(const fa2__args &a, const mla90__item &it, int causal, bool use_tma,
                                                uint32_t c, mla90__smem *sm, uint32_t gb) {
@@ -139,7 +141,7 @@ __device__ __forceinline__ void mla90__consume(const fa2__args &a, const mla90__
       }
     }
   };
-  /* Block i's max and alpha from the other consumer: O and l take alpha. */
+  /* Block i's max, alpha and row sum through it from the other consumer: O takes alpha. */
   auto take_max = [&](uint32_t i) {
     fa3__sync(MLA90__BAR_MAX + other, 256);
     float al[2];
@@ -147,7 +149,7 @@ __device__ __forceinline__ void mla90__consume(const fa2__args &a, const mla90__
     for (int h = 0; h < 2; h++) {
       m[h] = sm->m[i & 1u][rw[h]];
       al[h] = sm->alpha[i & 1u][rw[h]];
-      ls[h] *= al[h];
+      ls[h] = sm->lrun[i & 1u][rw[h]];
     }
     fa3__pin<128>(o);
     rescale(al);
@@ -206,14 +208,20 @@ __device__ __forceinline__ void mla90__consume(const fa2__args &a, const mla90__
         sm->alpha[i & 1u][rw[h]] = al[h];
       }
     }
+    float ps[2] = {0.f, 0.f};
 #pragma unroll
     for (int k = 0; k < 8; k++)
 #pragma unroll
       for (int h = 0; h < 2; h++) {
         const float p0 = fa2__exp2(sc[4 * k + 2 * h] - ms[h]), p1 = fa2__exp2(sc[4 * k + 2 * h + 1] - ms[h]);
-        ls[h] += p0 + p1;
+        ps[h] += p0 + p1;
         pk[2 * k + h] = fa2__pack<T>(p0, p1);
       }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      ls[h] += fa2__lanes_sum<1, 2>(ps[h]);
+      if (c4 == 0u) sm->lrun[i & 1u][rw[h]] = ls[h];
+    }
 
     fa3__pin<128>(o); /* 5 */
     fa3__mma_wait<0>();
@@ -258,24 +266,16 @@ __device__ __forceinline__ void mla90__consume(const fa2__args &a, const mla90__
     }
   }
 
-  /* The end: the rows' sums of both consumers, each its own from registers and the other's
-   * from shared memory (a sum of two is the same bits in either order), then O / l and the
-   * LSE (consumer 0), or the split's partial O and LSE for the combine. A row that sees
-   * nothing gives O = 0 and LSE -inf. */
-  float L[2];
-#pragma unroll
-  for (int h = 0; h < 2; h++) {
-    L[h] = fa2__lanes_sum<1, 2>(ls[h]);
-    if (c4 == 0u) sm->lsum[c][rw[h]] = L[h];
-  }
+  /* The end: O / l and the LSE (consumer 0), or the split's partial O and LSE for the
+   * combine; a row that sees nothing gives O = 0 and LSE -inf. Both consumers leave the item
+   * together: the next item's Q and P writes then follow every wgmma and every read of m,
+   * alpha and lrun of this one, as its own barrier rather than the next item's Q barrier. */
   fa3__sync(MLA90__BAR_BOTH, 256);
-#pragma unroll
-  for (int h = 0; h < 2; h++) L[h] += sm->lsum[other][rw[h]];
 #pragma unroll
   for (int h = 0; h < 2; h++) {
     const uint32_t R = it.R0 + rw[h], t = R / H, hq = R % H;
     float lse2 = -INFINITY, inv = 0.f;
-    if (m[h] != -INFINITY) inv = fa2__sink_join<true>(m[h], L[h], -INFINITY, it.split ? 1.f : a.o_mul, lse2);
+    if (m[h] != -INFINITY) inv = fa2__sink_join<true>(m[h], ls[h], -INFINITY, it.split ? 1.f : a.o_mul, lse2);
     if (R >= it.Rend) continue;
     if (it.split) {
       const size_t row = (size_t)(it.e.split_row + t * it.e.num_splits + it.sp) * H + hq;

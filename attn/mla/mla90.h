@@ -32,10 +32,10 @@ FATTN__HD uint32_t mla90__groups(uint32_t q_heads) { return q_heads > MLA90__ROW
 #define MLA90__C_REGS 224
 
 /* Named barriers (0 is __syncthreads). x is the consumer that arrives, the other syncs:
- *   MAX + x    x published block i's row max and rescale factor, and wrote P_i;
+ *   MAX + x    x published block i's row max, rescale factor and row sum, and wrote P_i;
  *   PFREE + x  x's P V of its own block completed: the other may overwrite P;
  *   WG + c     consumer c's own 128 threads (its P rows all written);
- *   BOTH       both consumers (Q landed; the row sums exchanged). */
+ *   BOTH       both consumers (Q landed; the item done). */
 enum mla90__named_barrier {
   MLA90__BAR_PRODUCER = 1,
   MLA90__BAR_MAX = 2,
@@ -50,7 +50,7 @@ struct mla90__smem {
   char kv[MLA90__ST][MLA90__STAGE];                   /* the ring of latent blocks */
   char p[MLA90__SLAB];                                /* P of the current block, [64][64] in T */
   float m[2][MLA90__ROWS], alpha[2][MLA90__ROWS];     /* row max and rescale after block i, [i % 2] */
-  float lsum[2][MLA90__ROWS];                         /* each consumer's row sums, at the end */
+  float lrun[2][MLA90__ROWS];                         /* row sum through block i, [i % 2] */
   uint64_t full[MLA90__ST], empty[MLA90__ST];         /* a stage landed / read (8 consumer warps) */
 };
 #define MLA90__SMEM (1024 + (int)sizeof(mla90__smem))
