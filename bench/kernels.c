@@ -315,7 +315,8 @@ int fattn_bench_prefill(int argc, char **argv) {
  * TFLOP/s counts 2 (576 + 512) FLOPs a q head and slot. Options: --csv PATH (default
  * build/mla.csv, the columns bench/peers/peers.py mla reads), --backend fa2|fa3 (the portable
  * kernel or the Hopper one, on both sides; default AUTO), --heads N, --bs N, --ctx N, --q N,
- * --kv bf16|fp8 (those rows; one row alone is what ncu wants). */
+ * --kv bf16|fp8 (those rows; one row alone is what ncu wants), --max-splits N (the config's
+ * split bound, default 32). */
 int fattn_bench_mla(int argc, char **argv) {
   const char *path = "build/mla.csv", *only_kv = NULL;
   unsigned only_heads = 0, only_ctx = 0, only_q = 0;
@@ -327,9 +328,10 @@ int fattn_bench_mla(int argc, char **argv) {
     else if (!((strcmp(argv[i], "--heads") == 0 && sscanf(argv[i + 1], "%u", &only_heads) == 1) ||
                (strcmp(argv[i], "--bs") == 0 && sscanf(argv[i + 1], "%u", &only_bs) == 1) ||
                (strcmp(argv[i], "--ctx") == 0 && sscanf(argv[i + 1], "%u", &only_ctx) == 1) ||
-               (strcmp(argv[i], "--q") == 0 && sscanf(argv[i + 1], "%u", &only_q) == 1)))
-      fail("fattn-bench mla",
-           "options: --csv PATH, --backend fa2|fa3 (both sides), --heads N, --bs N, --ctx N, --q 1|2, --kv bf16|fp8");
+               (strcmp(argv[i], "--q") == 0 && sscanf(argv[i + 1], "%u", &only_q) == 1) ||
+               (strcmp(argv[i], "--max-splits") == 0 && sscanf(argv[i + 1], "%u", &max_splits) == 1)))
+      fail("fattn-bench mla", "options: --csv PATH, --backend fa2|fa3 (both sides), --heads N, --bs N, --ctx N, "
+                              "--q 1|2, --kv bf16|fp8, --max-splits N");
   }
   if (!fattn_bench_has_gpu()) fail("fattn-bench mla", "needs a CUDA device");
   FILE *csv = fopen(path, "w");
