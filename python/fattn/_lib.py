@@ -139,6 +139,9 @@ _PROTOTYPES = {
     "fattn_attend": (c_int, [_ctx, c_uint32, c_void_p, c_void_p, c_void_p, c_void_p]),
     "fattn_graph_capture": (c_int, [_ctx, c_int, c_uint32, GRAPH_FN, c_void_p]),
     "fattn_graph_launch": (c_int, [_ctx, POINTER(Batch), c_void_p]),
+    "fattn_graph_begin": (c_int, [_ctx, c_int, c_uint32, c_void_p]),
+    "fattn_graph_end": (c_int, [_ctx]),
+    "fattn_graph_plan": (c_int, [_ctx, POINTER(Batch), c_void_p]),
 }
 
 
