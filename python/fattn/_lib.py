@@ -47,6 +47,7 @@ class Mode(IntEnum):
 DEVICE_CPU = -1
 NO_WINDOW = -1
 FLAG_CALLER_PAGES = 0x1
+MAX_GRAPH_BUCKETS = 64
 REGION_NAMES = ("k_pool", "v_pool", "page_table", "metadata", "split_workspace", "graph_static",
                 "model", "pinned_staging")
 
