@@ -362,11 +362,12 @@ fattn_status fattn_graph_end(fattn_ctx *ctx);
 /* The host half of fattn_graph_launch: validates and plans batch into its bucket's area (padded
  * as there) and posts the staging slot to the bucket's mailbox; no sync, no allocation. The
  * bucket must have been made ready by fattn_graph_begin / fattn_graph_end (else
- * FATTN_ERR_STATE). Each successful fattn_graph_plan must be followed by exactly one replay of
- * a graph holding that bucket's fattn calls, on stream (or ordered after it), before the next
- * plan of the context: the replay's prep node consumes the post. Otherwise the next replay of
- * the bucket reads the step this plan posted, and the staging slot it took is never freed: a
- * plan that later needs the slot waits for it forever. */
+ * FATTN_ERR_STATE). Each successful fattn_graph_plan must be followed by exactly one launch of
+ * a graph holding that bucket's fattn calls, on stream (or ordered after it), before the
+ * context's next plan of any kind: the replay's prep node consumes the post. Otherwise the
+ * bucket's next replay runs the step this plan posted (a replay reads the oldest unread post),
+ * and the staging slot it took stays taken until a replay reads it: a plan that needs that
+ * slot meanwhile waits forever. */
 fattn_status fattn_graph_plan(fattn_ctx *ctx, const fattn_batch *batch, void *stream);
 
 #ifdef __cplusplus
