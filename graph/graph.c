@@ -1,5 +1,6 @@
 /* graph.c: CUDA graph pools per (mode, batch-size bucket). Capture binds a bucket's static
- * metadata area and records the caller's layer loop; launch plans into that area and replays. */
+ * metadata area and records the caller's layer loop (or opens it in the caller's own capture:
+ * begin / end); launch plans into that area and replays (plan alone, for the caller's graph). */
 #include <cuda_runtime_api.h>
 #include <string.h>
 
@@ -65,6 +66,64 @@ static fattn_status check_mode(fattn_ctx *ctx, fattn_mode mode, const char *call
   if (mode < FATTN_MODE_PREFILL || mode > FATTN_MODE_COUNT || !(ctx->n.cfg.graph_modes & (1u << mode)))
     return fattn__fail(ctx, FATTN_ERR_INVALID, "%s: mode %d has no graph buffers (config graph_modes 0x%x)", call,
                        mode, ctx->n.cfg.graph_modes);
+  /* A plan or another capture would re-point the step that the open capture records against. */
+  if (ctx->capture.slot)
+    return fattn__fail(ctx, FATTN_ERR_STATE, "%s: a capture is open (fattn_graph_begin without fattn_graph_end)",
+                       call);
+  return FATTN_OK;
+}
+
+/* Opens a capture of bucket g on stream (capturing): points the step at the bucket's area with
+ * its bounds (entries, query tokens, new tokens, query tiles) and records the prep node that
+ * reads its mailbox, the first node of the graph. On failure the step is as it was. */
+static cudaError_t capture_open(fattn_ctx *ctx, fattn_mode mode, fattn__graph_slot *g, void *stream) {
+  const uint32_t entries = g->requests * entries_per_request(ctx, mode), q = q_per_entry(ctx, mode);
+  const fattn__step saved = ctx->step;
+  fattn__step_bind(ctx, mode, g->area, entries, entries, entries * q, entries * q,
+                   entries * fattn__ceil_div(q, FATTN__Q_TILE));
+  const fattn__plan_target t = {g->area, entries, q, g->box};
+  ctx->detail[0] = '\0'; /* a captured call's detail is appended to a failed capture's */
+  cudaError_t e = (cudaError_t)fattn__prep_launch_boxed(ctx, &t, stream);
+  if (e != cudaSuccess) {
+    ctx->step = saved;
+    return e;
+  }
+  ctx->capture = (fattn__capture){g, mode, stream, saved};
+  return cudaSuccess;
+}
+
+/* Closes the open capture, the step binding before it back; whether its stream still captures
+ * (a captured call that synchronised or allocated ended the capture). */
+static cudaError_t capture_close(fattn_ctx *ctx) {
+  const fattn__capture c = ctx->capture;
+  ctx->step = c.saved;
+  ctx->capture.slot = NULL;
+  enum cudaStreamCaptureStatus status;
+  cudaError_t e = cudaStreamIsCapturing((cudaStream_t)c.stream, &status);
+  if (e == cudaSuccess && status != cudaStreamCaptureStatusActive) e = cudaErrorStreamCaptureInvalidated;
+  return e;
+}
+
+/* A capture that failed with e: the status, and the detail a captured fattn call left, if
+ * any (copied first: the new detail is written over it). */
+static fattn_status capture_failed(fattn_ctx *ctx, const char *call, fattn_mode mode, const fattn__graph_slot *g,
+                                   cudaError_t e) {
+  char inner[FATTN__DETAIL_LEN];
+  memcpy(inner, ctx->detail, sizeof inner);
+  cudaGetLastError();
+  return fattn__fail(ctx, FATTN_ERR_CUDA,
+                     "%s: mode %d bucket %u: %s (the captured calls must not allocate or synchronise)%s%s", call,
+                     mode, g->requests, cudaGetErrorString(e), inner[0] ? "; " : "", inner);
+}
+
+/* The bucket of batch_size for call, or FATTN_ERR_INVALID naming batch_size. */
+static fattn_status bucket_of_size(fattn_ctx *ctx, fattn_mode mode, uint32_t batch_size, const char *call,
+                                   fattn__graph_slot **g) {
+  int b = bucket_for(ctx, batch_size);
+  if (batch_size == 0 || b < 0)
+    return fattn__fail(ctx, FATTN_ERR_INVALID, "%s: batch_size %u: must be in 1..max_batch %u", call, batch_size,
+                       ctx->n.cfg.max_batch);
+  *g = slot_of(ctx, mode, (uint32_t)b);
   return FATTN_OK;
 }
 
@@ -72,62 +131,98 @@ fattn_status fattn_graph_capture(fattn_ctx *ctx, fattn_mode mode, uint32_t batch
                                  void *user) {
   fattn_status st = check_mode(ctx, mode, "fattn_graph_capture");
   if (st) return st;
-  int b = bucket_for(ctx, batch_size);
-  if (!fn || batch_size == 0 || b < 0)
-    return fattn__fail(ctx, FATTN_ERR_INVALID, "fattn_graph_capture: batch_size %u (1..%u) and fn are required",
-                       batch_size, ctx->n.cfg.max_batch);
-  fattn__graph_slot *g = slot_of(ctx, mode, (uint32_t)b);
-  uint32_t entries = g->requests * entries_per_request(ctx, mode), q = q_per_entry(ctx, mode);
-  fattn__step saved = ctx->step;
-  fattn__step_bind(ctx, mode, g->area, entries, entries, entries * q, entries * q,
-                   entries * fattn__ceil_div(q, FATTN__Q_TILE));
+  if (!fn) return fattn__fail(ctx, FATTN_ERR_INVALID, "fattn_graph_capture: fn is required");
+  fattn__graph_slot *g;
+  if ((st = bucket_of_size(ctx, mode, batch_size, "fattn_graph_capture", &g))) return st;
   cudaStream_t s;
   cudaGraph_t graph = NULL;
   cudaGraphExec_t exec = NULL;
-  const fattn__plan_target t = {g->area, entries, q, g->box};
   cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
   if (e == cudaSuccess) {
     e = cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
     if (e == cudaSuccess) {
-      ctx->detail[0] = '\0';
-      cudaError_t prep = (cudaError_t)fattn__prep_launch_boxed(ctx, &t, s); /* the graph's first node */
-      if (prep == cudaSuccess) fn(user, s);
+      cudaError_t body = capture_open(ctx, mode, g, s);
+      if (body == cudaSuccess) {
+        fn(user, s);
+        body = capture_close(ctx);
+      }
       e = cudaStreamEndCapture(s, &graph);
-      if (e == cudaSuccess && prep != cudaSuccess) e = prep;
+      if (e == cudaSuccess && body != cudaSuccess) e = body;
     }
     if (e == cudaSuccess) e = cudaGraphInstantiate(&exec, graph, 0);
     if (graph) cudaGraphDestroy(graph);
     cudaStreamDestroy(s);
   }
-  ctx->step = saved;
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    return fattn__fail(ctx, FATTN_ERR_CUDA,
-                       "fattn_graph_capture: mode %d bucket %u: %s (the captured calls must not allocate or "
-                       "synchronise)%s%s",
-                       mode, g->requests, cudaGetErrorString(e), ctx->detail[0] ? "; " : "", ctx->detail);
-  }
+  if (e != cudaSuccess) return capture_failed(ctx, "fattn_graph_capture", mode, g, e);
   if (g->exec) cudaGraphExecDestroy((cudaGraphExec_t)g->exec);
   g->exec = exec;
   return FATTN_OK;
 }
 
-fattn_status fattn__graph_for(fattn_ctx *ctx, const fattn_batch *batch, void **exec, fattn__plan_target *target) {
+fattn_status fattn_graph_begin(fattn_ctx *ctx, fattn_mode mode, uint32_t batch_size, void *stream) {
+  fattn_status st = check_mode(ctx, mode, "fattn_graph_begin");
+  if (st) return st;
+  fattn__graph_slot *g;
+  if ((st = bucket_of_size(ctx, mode, batch_size, "fattn_graph_begin", &g))) return st;
+  enum cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  cudaError_t e = cudaStreamIsCapturing((cudaStream_t)stream, &status);
+  if (e != cudaSuccess || status != cudaStreamCaptureStatusActive) {
+    cudaGetLastError();
+    return fattn__fail(ctx, FATTN_ERR_INVALID,
+                       "fattn_graph_begin: stream %p is not capturing (%s): begin your capture on it first",
+                       stream, e != cudaSuccess ? cudaGetErrorString(e)
+                               : status == cudaStreamCaptureStatusNone ? "no capture"
+                                                                       : "its capture was invalidated");
+  }
+  if ((e = capture_open(ctx, mode, g, stream)) != cudaSuccess) {
+    cudaGetLastError();
+    return fattn__fail(ctx, FATTN_ERR_CUDA, "fattn_graph_begin: mode %d bucket %u: the prep node: %s", mode,
+                       g->requests, cudaGetErrorString(e));
+  }
+  return FATTN_OK;
+}
+
+fattn_status fattn_graph_end(fattn_ctx *ctx) {
+  if (!ctx) return FATTN_ERR_INVALID;
+  if (ctx->n.on_cpu) return fattn__fail(ctx, FATTN_ERR_UNSUPPORTED, "fattn_graph_end: graphs need a CUDA device");
+  fattn_status st = fattn__on_device(ctx, "fattn_graph_end");
+  if (st) return st;
+  fattn__graph_slot *g = ctx->capture.slot;
+  if (!g) return fattn__fail(ctx, FATTN_ERR_STATE, "fattn_graph_end: no capture is open (fattn_graph_begin first)");
+  const fattn_mode mode = ctx->capture.mode;
+  cudaError_t e = capture_close(ctx);
+  if (e != cudaSuccess) return capture_failed(ctx, "fattn_graph_end", mode, g, e);
+  g->caller_graph = 1;
+  return FATTN_OK;
+}
+
+/* The bucket of a batch for call, validated as fattn_plan does first, its mode and plan target. */
+static fattn_status bucket_of_batch(fattn_ctx *ctx, const fattn_batch *batch, const char *call,
+                                    fattn__graph_slot **g, fattn_mode *mode, fattn__plan_target *target) {
   if (!ctx) return FATTN_ERR_INVALID;
   fattn_batch local;
   fattn_status st = fattn__batch_in(ctx, batch, &local, &batch);
-  if (st || (st = check_mode(ctx, batch->mode, "fattn_graph_launch"))) return st;
+  if (st || (st = check_mode(ctx, batch->mode, call))) return st;
   int b = bucket_for(ctx, batch->num_seqs);
   if (b < 0 || batch->num_seqs == 0)
-    return fattn__fail(ctx, FATTN_ERR_INVALID, "fattn_graph_launch: num_seqs %u: must be in 1..max_batch %u",
-                       batch->num_seqs, ctx->n.cfg.max_batch);
-  fattn__graph_slot *g = slot_of(ctx, batch->mode, (uint32_t)b);
+    return fattn__fail(ctx, FATTN_ERR_INVALID, "%s: num_seqs %u: must be in 1..max_batch %u", call, batch->num_seqs,
+                       ctx->n.cfg.max_batch);
+  *mode = batch->mode;
+  *g = slot_of(ctx, batch->mode, (uint32_t)b);
+  *target = (fattn__plan_target){(*g)->area, (*g)->requests * entries_per_request(ctx, batch->mode),
+                                 q_per_entry(ctx, batch->mode), (*g)->box};
+  return FATTN_OK;
+}
+
+fattn_status fattn__graph_for(fattn_ctx *ctx, const fattn_batch *batch, void **exec, fattn__plan_target *target) {
+  fattn__graph_slot *g;
+  fattn_mode mode;
+  fattn_status st = bucket_of_batch(ctx, batch, "fattn_graph_launch", &g, &mode, target);
+  if (st) return st;
   if (!g->exec)
-    return fattn__fail(ctx, FATTN_ERR_STATE, "fattn_graph_launch: no graph captured for mode %d bucket %u",
-                       batch->mode, g->requests);
+    return fattn__fail(ctx, FATTN_ERR_STATE, "fattn_graph_launch: no graph captured for mode %d bucket %u", mode,
+                       g->requests);
   *exec = g->exec;
-  *target = (fattn__plan_target){g->area, g->requests * entries_per_request(ctx, batch->mode),
-                                 q_per_entry(ctx, batch->mode), g->box};
   return FATTN_OK;
 }
 
@@ -143,4 +238,17 @@ fattn_status fattn_graph_launch(fattn_ctx *ctx, const fattn_batch *batch, void *
     return fattn__fail(ctx, FATTN_ERR_CUDA, "fattn_graph_launch: %s", cudaGetErrorString(e));
   }
   return FATTN_OK;
+}
+
+fattn_status fattn_graph_plan(fattn_ctx *ctx, const fattn_batch *batch, void *stream) {
+  fattn__graph_slot *g;
+  fattn_mode mode;
+  fattn__plan_target t;
+  fattn_status st = bucket_of_batch(ctx, batch, "fattn_graph_plan", &g, &mode, &t);
+  if (st) return st;
+  if (!g->caller_graph)
+    return fattn__fail(ctx, FATTN_ERR_STATE,
+                       "fattn_graph_plan: mode %d bucket %u was never captured by fattn_graph_begin / fattn_graph_end",
+                       mode, g->requests);
+  return fattn__plan_into(ctx, batch, stream, &t);
 }

@@ -1,5 +1,5 @@
 /* graph.h: the graph pool's internal face: one slot per (mode, bucket) and its lifetime.
- * The public calls (fattn_graph_capture, fattn_graph_launch) are in fattn.h. */
+ * The public calls (fattn_graph_capture / launch, and begin / end / plan) are in fattn.h. */
 #ifndef FATTN_GRAPH_GRAPH_H
 #define FATTN_GRAPH_GRAPH_H
 

@@ -304,15 +304,15 @@ typedef struct fattn_batch {
 
 /* Streams are cudaStream_t passed as void* so that the header needs no CUDA; ignored on the
  * CPU backend. Pointers to q, k, v, out, lse are device pointers (host on the CPU backend).
- * fattn_plan, fattn_store_kv, fattn_attend, fattn_graph_capture and fattn_graph_launch run on
- * the calling thread's current CUDA device, which must be the context's (cudaSetDevice first):
- * else FATTN_ERR_STATE, the detail naming both devices. fattn_create and fattn_destroy make
+ * fattn_plan, fattn_store_kv, fattn_attend and the fattn_graph_* calls run on the calling
+ * thread's current CUDA device, which must be the context's (cudaSetDevice first): else
+ * FATTN_ERR_STATE, the detail naming both devices. fattn_create and fattn_destroy make
  * the context's device current themselves (cudaSetDevice) and leave it current. Contexts on
  * several devices (ordinals below 64) may live in one process: device facts (SM count, PDL)
  * and kernel attributes are cached per device.
- * A context's steps (each fattn_plan or fattn_graph_launch with the calls after it) share
- * its metadata areas, so they must run on the device in the order they were made: issue
- * them on one stream, or order the streams yourself (cudaStreamWaitEvent). */
+ * A context's steps (each fattn_plan, fattn_graph_launch or fattn_graph_plan with the calls or
+ * the replay after it) share its metadata areas, so they must run on the device in the order
+ * they were made: issue them on one stream, or order the streams yourself (cudaStreamWaitEvent). */
 
 /* Validates the batch, ships page-table changes and step metadata; no sync, no allocation.
  * A rejected batch leaves every state unchanged. */
@@ -339,6 +339,36 @@ fattn_status fattn_graph_capture(fattn_ctx *ctx, fattn_mode mode, uint32_t batch
 /* Plans batch into the smallest bucket >= its size and launches that bucket's graph. The
  * batch is padded with entries that see nothing: their output rows are zeros. */
 fattn_status fattn_graph_launch(fattn_ctx *ctx, const fattn_batch *batch, void *stream);
+
+/* Graphs of your own: a capture of yours (a whole model step, with your projections between
+ * the layers) that holds fattn's calls for (mode, bucket of batch_size).
+ *   cudaStreamBeginCapture(s, ...); fattn_graph_begin(ctx, mode, bs, s);
+ *   per layer: your kernels, fattn_store_kv(.., s), fattn_attend(.., s);
+ *   fattn_graph_end(ctx); cudaStreamEndCapture(s, &graph); cudaGraphInstantiate(...);
+ *   per step: fattn_graph_plan(ctx, &batch, s); cudaGraphLaunch(exec, s);
+ * fattn_graph_begin needs stream to be capturing (else FATTN_ERR_INVALID); it points the step
+ * at the bucket's static metadata area, as fattn_graph_capture does, and records the bucket's
+ * prep node on stream: the store_kv / attend calls until fattn_graph_end record against that
+ * area, with buffers that hold the bucket's query tokens (see fattn_graph_capture). Make them
+ * on stream or on streams your capture orders after it; make no fattn_plan, fattn_graph_plan,
+ * fattn_graph_launch or fattn_graph_capture until fattn_graph_end (the last three are refused,
+ * FATTN_ERR_STATE; fattn_plan would re-point the step). One capture is open at a time.
+ * fattn_graph_end closes it and gives the step binding before fattn_graph_begin back; if the
+ * stream is no longer capturing (a captured call synchronised or allocated), FATTN_ERR_CUDA,
+ * and the bucket is not made ready by it. Needs a CUDA device and the mode's bit in
+ * fattn_config.graph_modes. */
+fattn_status fattn_graph_begin(fattn_ctx *ctx, fattn_mode mode, uint32_t batch_size, void *stream);
+fattn_status fattn_graph_end(fattn_ctx *ctx);
+/* The host half of fattn_graph_launch: validates and plans batch into its bucket's area (padded
+ * as there) and posts the staging slot to the bucket's mailbox; no sync, no allocation. The
+ * bucket must have been made ready by fattn_graph_begin / fattn_graph_end (else
+ * FATTN_ERR_STATE). Each successful fattn_graph_plan must be followed by exactly one launch of
+ * a graph holding that bucket's fattn calls, on stream (or ordered after it), before the
+ * context's next plan of any kind: the replay's prep node consumes the post. Otherwise the
+ * bucket's next replay runs the step this plan posted (a replay reads the oldest unread post),
+ * and the staging slot it took stays taken until a replay reads it: a plan that needs that
+ * slot meanwhile waits forever. */
+fattn_status fattn_graph_plan(fattn_ctx *ctx, const fattn_batch *batch, void *stream);
 
 #ifdef __cplusplus
 }

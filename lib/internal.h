@@ -182,8 +182,19 @@ typedef struct fattn__graph_slot {
   void *exec;        /* cudaGraphExec_t, NULL until captured */
   uint8_t *area;     /* [hdr][entries][mask rows] in the graph region */
   uint32_t requests; /* the bucket */
+  int caller_graph;  /* a graph of the caller's holds this bucket's prep node (fattn_graph_end succeeded) */
   fattn__mailbox *box; /* pinned: the staging slot its next replay reads */
 } fattn__graph_slot;
+
+/* The capture between fattn_graph_begin and fattn_graph_end (slot NULL when none is open):
+ * store_kv and attend record against the bucket's area until the step binding before it
+ * comes back. */
+typedef struct fattn__capture {
+  fattn__graph_slot *slot;
+  fattn_mode mode;
+  void *stream; /* the capturing cudaStream_t */
+  fattn__step saved;
+} fattn__capture;
 
 struct fattn_ctx {
   fattn__norm n;
@@ -211,6 +222,7 @@ struct fattn_ctx {
   uint32_t plan_stamp;       /* the last duplicate-check stamp (attn/plan.c); never 0 once planned */
   fattn__step step;
   fattn__graph_slot *graphs; /* [FATTN_MODE_COUNT + 1][num_buckets] */
+  fattn__capture capture;
   void *tmaps;               /* [num_layers][K, V] CUtensorMap for fa3's TMA; NULL if unused */
 #ifdef FATTN_STAMPS
   unsigned long long *stamps; /* measurement builds: attn/stamps.h's buffer, set by fattn-bench */

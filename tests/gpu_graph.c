@@ -1,6 +1,6 @@
 /* gpu_graph.c: CUDA graphs for DECODE, DRAFT_DECODE, TARGET_VERIFY and DRAFT_EXTEND, GQA and
- * MLA. Replay equals eager execution bit for bit; plan + launch make no forbidden call; bad
- * captures fail. */
+ * MLA, captured by fattn or by the caller around fattn_graph_begin / end. Replay equals eager
+ * execution bit for bit; plan + launch make no forbidden call; bad captures and arguments fail. */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdlib.h>
@@ -113,6 +113,36 @@ static void close_rig(rig *r) {
 
 static uint32_t rnd(uint64_t *s, uint32_t n) { return fattn_test_rand(s) % n; }
 
+/* The default bucket (1, 2, 4, 8, 12, 16, ..) of n requests. */
+static uint32_t default_bucket(uint32_t n) {
+  uint32_t bucket = 0;
+  while (bucket < n) bucket = bucket < 2 ? bucket + 1 : bucket < 8 ? bucket * 2 : bucket + 4;
+  return bucket;
+}
+
+/* Who captures and replays a test's graphs: fattn (fattn_graph_capture, fattn_graph_launch), or
+ * the caller, on its own stream around fattn_graph_begin / fattn_graph_end, replayed by
+ * fattn_graph_plan and cudaGraphLaunch. */
+typedef enum graphs_by { BY_FATTN, BY_CALLER } graphs_by;
+
+/* The caller's graph of layers for (mode, bucket of bs), captured in global mode on the rig's
+ * stream. */
+static cudaGraphExec_t caller_capture(rig *r, fattn_mode mode, uint32_t bs) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  ck_assert_int_eq(cudaStreamBeginCapture(r->stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  fattn_status st = fattn_graph_begin(r->ctx, mode, bs, r->stream);
+  if (st == FATTN_OK) {
+    layers(r, r->stream);
+    st = fattn_graph_end(r->ctx);
+  }
+  ck_assert_int_eq(cudaStreamEndCapture(r->stream, &graph), cudaSuccess);
+  ck_assert_msg(st == FATTN_OK, "mode %d bs %u: %s", mode, bs, fattn_detail(r->ctx));
+  ck_assert_int_eq(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  cudaGraphDestroy(graph);
+  return exec;
+}
+
 /* A random batch of mode with its sequences; returns the query tokens. */
 static uint32_t make_batch(rig *r, fattn_mode mode, uint64_t *seed, fattn_batch *b, uint32_t *ids, uint32_t *q,
                            uint64_t *mask, uint32_t *opened) {
@@ -162,7 +192,7 @@ static void read_out(rig *r, uint16_t *out, float *lse, uint32_t tokens) {
  * (every row sees its own slot), and a head whose sink is 150 above every score (N(0, 1) data at
  * d 128: scores within a few units of 0) has LSE 150 and O 0: its sink's term would overflow
  * float against the row's max. */
-static void replay_every_mode(const shape *sh, const float *sink4, uint64_t seed, int reps) {
+static void replay_every_mode(const shape *sh, const float *sink4, uint64_t seed, int reps, graphs_by by) {
   float sinks[LAYERS * HQ];
   for (uint32_t i = 0; sink4 && i < LAYERS * HQ; i++) sinks[i] = sink4[i % 4];
   ck_assert(!sink4 || sh->hq == HQ);
@@ -175,7 +205,15 @@ static void replay_every_mode(const shape *sh, const float *sink4, uint64_t seed
   float *eager_lse = fattn_test_xmalloc(rows * 4), *graph_lse = fattn_test_xmalloc(rows * 4);
   long forbidden = 0;
   for (int m = 0; m < 4; m++) {
-    for (uint32_t b = 1; b <= MAXB; b++) ck_assert_msg(fattn_graph_capture(r.ctx, modes[m], b, layers, &r) == FATTN_OK, "%s", fattn_detail(r.ctx));
+    cudaGraphExec_t caller[MAXB + 1] = {0}; /* BY_CALLER: the graph of each bucket */
+    for (uint32_t b = 1; b <= MAXB; b++) {
+      if (by == BY_FATTN) {
+        ck_assert_msg(fattn_graph_capture(r.ctx, modes[m], b, layers, &r) == FATTN_OK, "%s", fattn_detail(r.ctx));
+        continue;
+      }
+      if (caller[default_bucket(b)]) cudaGraphExecDestroy(caller[default_bucket(b)]);
+      caller[default_bucket(b)] = caller_capture(&r, modes[m], b);
+    }
     for (int rep = 0; rep < reps; rep++) {
       uint32_t ids[128], q[64], opened;
       uint64_t mask[MAXB * DRAFT];
@@ -193,12 +231,12 @@ static void replay_every_mode(const shape *sh, const float *sink4, uint64_t seed
       ck_assert_int_eq(fattn_test_gpu_nan(r.out, on, FATTN_DTYPE_BF16), 0);
       ck_assert_int_eq(fattn_test_gpu_nan(r.lse, rows, 0), 0);
       ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
+      const uint32_t bucket = default_bucket(b.num_seqs); /* padding: its query tokens past the batch's */
       fattn_calls_reset();
-      fattn_status st = fattn_graph_launch(r.ctx, &b, r.stream);
+      fattn_status st = by == BY_FATTN ? fattn_graph_launch(r.ctx, &b, r.stream) : fattn_graph_plan(r.ctx, &b, r.stream);
       forbidden += fattn_calls_forbidden();
       ck_assert_msg(st == FATTN_OK, "%s", fattn_detail(r.ctx));
-      uint32_t bucket = 0; /* padding: the bucket's query tokens past the batch's */
-      while (bucket < b.num_seqs) bucket = bucket < 2 ? bucket + 1 : bucket < 8 ? bucket * 2 : bucket + 4;
+      if (by == BY_CALLER) ck_assert_int_eq(cudaGraphLaunch(caller[bucket], r.stream), cudaSuccess);
       uint32_t per = modes[m] == FATTN_MODE_DRAFT_DECODE ? TOPK : modes[m] == FATTN_MODE_TARGET_VERIFY ? DRAFT
                      : modes[m] == FATTN_MODE_DRAFT_EXTEND ? DRAFT + 1 : 1;
       uint32_t bucket_tokens = bucket * per;
@@ -223,6 +261,8 @@ static void replay_every_mode(const shape *sh, const float *sink4, uint64_t seed
       }
       for (uint32_t i = 0; i < opened; i++) ck_assert_ok(fattn_seq_close(r.ctx, ids[64 + i]));
     }
+    for (uint32_t b = 0; b <= MAXB; b++)
+      if (caller[b]) cudaGraphExecDestroy(caller[b]);
   }
   ck_assert_int_eq(forbidden, 0);
   ck_assert_ok(fattn_check(r.ctx));
@@ -231,12 +271,23 @@ static void replay_every_mode(const shape *sh, const float *sink4, uint64_t seed
 }
 
 /* 200 replays a mode (4 under FATTN_TEST_QUICK), no sinks. */
-START_TEST(replay_equals_eager_every_mode) { replay_every_mode(&GQA_SHAPE, NULL, 7, getenv("FATTN_TEST_QUICK") ? 4 : 200); }
+START_TEST(replay_equals_eager_every_mode) {
+  replay_every_mode(&GQA_SHAPE, NULL, 7, getenv("FATTN_TEST_QUICK") ? 4 : 200, BY_FATTN);
+}
+END_TEST
+
+/* The same from graphs the caller captures around fattn_graph_begin / end (each bucket captured
+ * again from every batch size it holds) and replays after fattn_graph_plan, 48 replays a mode. */
+START_TEST(caller_graph_replay_equals_eager_every_mode) {
+  replay_every_mode(&GQA_SHAPE, NULL, 37, getenv("FATTN_TEST_QUICK") ? 4 : 48, BY_CALLER);
+}
 END_TEST
 
 /* The same for MLA (attn/fa2/fa2_mla.cu: packed rows of one or two queries, split-KV and the
  * combine in DECODE, DRAFT_DECODE and TARGET_VERIFY, tree masks), 24 replays a mode. */
-START_TEST(mla_replay_equals_eager_every_mode) { replay_every_mode(&MLA_SHAPE, NULL, 29, getenv("FATTN_TEST_QUICK") ? 2 : 24); }
+START_TEST(mla_replay_equals_eager_every_mode) {
+  replay_every_mode(&MLA_SHAPE, NULL, 29, getenv("FATTN_TEST_QUICK") ? 2 : 24, BY_FATTN);
+}
 END_TEST
 
 /* And on the Hopper MLA kernel (attn/mla/mla90.cu), which FA3 runs MLA layers on; pages of 16
@@ -246,7 +297,7 @@ START_TEST(mla90_replay_equals_eager_every_mode) {
 #ifdef FATTN_HAVE_SM90A
   if (!fattn__fa3_available()) FATTN_TEST_SKIP("mla90 needs a compute capability 9.0 device");
   else if (getenv("FATTN_TEST_NO_MLA90")) FATTN_TEST_SKIP("FATTN_TEST_NO_MLA90 is set (gpu_mla90 failed first)");
-  else replay_every_mode(&MLA90_SHAPE, NULL, 31, getenv("FATTN_TEST_QUICK") ? 2 : 24);
+  else replay_every_mode(&MLA90_SHAPE, NULL, 31, getenv("FATTN_TEST_QUICK") ? 2 : 24, BY_FATTN);
 #else
   FATTN_TEST_SKIP("mla90 not built: CUDA_ARCHS lacks 90a");
 #endif
@@ -257,7 +308,7 @@ END_TEST
  * 16 replays a mode (2 under FATTN_TEST_QUICK). */
 START_TEST(sinks_far_from_scores_replay) {
   static const float SINK[4] = {150.0f, -150.0f, -INFINITY, 0.0f};
-  replay_every_mode(&GQA_SHAPE, SINK, 19, getenv("FATTN_TEST_QUICK") ? 2 : 16);
+  replay_every_mode(&GQA_SHAPE, SINK, 19, getenv("FATTN_TEST_QUICK") ? 2 : 16, BY_FATTN);
 }
 END_TEST
 
@@ -459,6 +510,130 @@ START_TEST(inputs_written_late_by_a_released_kernel) {
 }
 END_TEST
 
+/* Decode steps of one batch of 3 sequences (bucket 4: one padding entry), each run eagerly and
+ * then from the caller's graph: fattn_graph_plan + cudaGraphLaunch equal fattn_plan + the layers
+ * bit for bit at every step (the replay stores the step's K and V again into the same slots),
+ * the padding rows come out as zeros, and the plan makes no forbidden call. */
+START_TEST(caller_graph_steps_equal_eager_steps) {
+  enum { BS = 3, BUCKET = 4 };
+  rig r;
+  open_rig(&r, MAXB, CAP, NULL);
+  cudaGraphExec_t exec = caller_capture(&r, FATTN_MODE_DECODE, BS);
+  uint32_t ids[BS];
+  for (uint32_t i = 0; i < BS; i++) {
+    ck_assert_ok(fattn_seq_open(r.ctx, &ids[i]));
+    ck_assert_ok(fattn_seq_reserve(r.ctx, ids[i], 100 + 211 * i));
+  }
+  fattn_batch b = FATTN_BATCH_INIT;
+  b.num_seqs = BS, b.seq_ids = ids;
+  static uint16_t eager[BUCKET * HQ * D], graph[BUCKET * HQ * D];
+  static float eager_lse[BUCKET * HQ], graph_lse[BUCKET * HQ];
+  const int steps = getenv("FATTN_TEST_QUICK") ? 4 : 32;
+  long forbidden = 0;
+  for (int step = 0; step < steps; step++) {
+    for (uint32_t i = 0; i < BS; i++) {
+      uint32_t len;
+      ck_assert_ok(fattn_seq_length(r.ctx, ids[i], &len));
+      ck_assert_ok(fattn_seq_reserve(r.ctx, ids[i], len + 1));
+    }
+    ck_assert_int_eq(fattn_test_gpu_randn(r.q, (size_t)CAP * HQ * D, FATTN_DTYPE_BF16, 1.0f, 100 + step), 0);
+    ck_assert_int_eq(fattn_test_gpu_randn(r.k, (size_t)CAP * HKV * D, FATTN_DTYPE_BF16, 1.0f, 200 + step), 0);
+    ck_assert_int_eq(fattn_test_gpu_randn(r.v, (size_t)CAP * HKV * D, FATTN_DTYPE_BF16, 1.0f, 300 + step), 0);
+    ck_assert_int_eq(fattn_test_gpu_nan(r.out, (size_t)CAP * HQ * D, FATTN_DTYPE_BF16), 0);
+    ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
+    ck_assert_msg(fattn_plan(r.ctx, &b, r.stream) == FATTN_OK, "%s", fattn_detail(r.ctx));
+    layers(&r, r.stream);
+    read_out(&r, eager, eager_lse, BS);
+    ck_assert_int_eq(fattn_test_gpu_nan(r.out, (size_t)CAP * HQ * D, FATTN_DTYPE_BF16), 0);
+    ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
+    fattn_calls_reset();
+    fattn_status st = fattn_graph_plan(r.ctx, &b, r.stream);
+    forbidden += fattn_calls_forbidden();
+    ck_assert_msg(st == FATTN_OK, "%s", fattn_detail(r.ctx));
+    ck_assert_int_eq(cudaGraphLaunch(exec, r.stream), cudaSuccess);
+    read_out(&r, graph, graph_lse, BUCKET);
+    ck_assert_uint_eq(fattn_test_count_nan(eager, (size_t)BS * HQ * D, FATTN_DTYPE_BF16), 0);
+    ck_assert_msg(memcmp(eager, graph, (size_t)BS * HQ * D * 2) == 0, "step %d: O differs", step);
+    ck_assert_msg(memcmp(eager_lse, graph_lse, (size_t)BS * HQ * 4) == 0, "step %d: LSE differs", step);
+    for (size_t i = (size_t)BS * HQ * D; i < (size_t)BUCKET * HQ * D; i++)
+      ck_assert_msg(graph[i] == 0, "step %d: padding row element %zu is 0x%04x, not 0", step, i, graph[i]);
+  }
+  ck_assert_int_eq(forbidden, 0);
+  for (uint32_t i = 0; i < BS; i++) ck_assert_ok(fattn_seq_close(r.ctx, ids[i]));
+  ck_assert_ok(fattn_check(r.ctx));
+  cudaGraphExecDestroy(exec);
+  close_rig(&r);
+}
+END_TEST
+
+/* fattn_graph_begin / end / plan refuse bad input with a status and a detail naming it, and
+ * leave the step binding as it was: a stream that is not capturing, end and plan without a
+ * capture, a mode without graph buffers, a batch size out of range, a second begin and any
+ * plan, launch or capture while one is open; a capture that a synchronising call ended fails at
+ * end and leaves its bucket unready. A good capture gives the step binding back at end. */
+START_TEST(caller_graph_arguments_are_checked) {
+  rig r;
+  open_rig(&r, MAXB, CAP, NULL);
+  uint32_t ids[2];
+  for (uint32_t i = 0; i < 2; i++) {
+    ck_assert_ok(fattn_seq_open(r.ctx, &ids[i]));
+    ck_assert_ok(fattn_seq_reserve(r.ctx, ids[i], 10));
+  }
+  fattn_batch one = FATTN_BATCH_INIT, two = FATTN_BATCH_INIT;
+  one.num_seqs = 1, one.seq_ids = ids;
+  two.num_seqs = 2, two.seq_ids = ids;
+  ck_assert_ok(fattn_plan(r.ctx, &two, r.stream)); /* an eager step: the binding the refusals keep */
+  fattn__step step = r.ctx->step;
+#define REFUSED(call, status, text)                                                                       \
+  do {                                                                                                    \
+    ck_assert_status((call), (status));                                                                   \
+    ck_assert_msg(strstr(fattn_detail(r.ctx), text), "%s: detail '%s' lacks '%s'", #call,                \
+                  fattn_detail(r.ctx), text);                                                             \
+    ck_assert_msg(memcmp(&step, &r.ctx->step, sizeof step) == 0, "%s changed the step binding", #call);  \
+  } while (0)
+  REFUSED(fattn_graph_begin(r.ctx, FATTN_MODE_DECODE, 1, r.stream), FATTN_ERR_INVALID, "is not capturing");
+  REFUSED(fattn_graph_end(r.ctx), FATTN_ERR_STATE, "fattn_graph_end: no capture is open");
+  REFUSED(fattn_graph_plan(r.ctx, &one, r.stream), FATTN_ERR_STATE, "bucket 1 was never captured");
+  ck_assert_int_eq(cudaStreamBeginCapture(r.stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  REFUSED(fattn_graph_begin(r.ctx, FATTN_MODE_PREFILL, 1, r.stream), FATTN_ERR_INVALID, "mode 1 has no graph buffers");
+  REFUSED(fattn_graph_begin(r.ctx, FATTN_MODE_DECODE, 0, r.stream), FATTN_ERR_INVALID, "batch_size 0");
+  REFUSED(fattn_graph_begin(r.ctx, FATTN_MODE_DECODE, MAXB + 1, r.stream), FATTN_ERR_INVALID, "batch_size 17");
+  ck_assert_ok(fattn_graph_begin(r.ctx, FATTN_MODE_DECODE, 1, r.stream));
+  const fattn__step bound = r.ctx->step;
+  ck_assert_msg(memcmp(&step, &bound, sizeof step) != 0, "fattn_graph_begin left the eager binding");
+  step = bound;
+  REFUSED(fattn_graph_begin(r.ctx, FATTN_MODE_DECODE, 2, r.stream), FATTN_ERR_STATE, "a capture is open");
+  REFUSED(fattn_graph_plan(r.ctx, &one, r.stream), FATTN_ERR_STATE, "fattn_graph_plan: a capture is open");
+  REFUSED(fattn_graph_launch(r.ctx, &one, r.stream), FATTN_ERR_STATE, "fattn_graph_launch: a capture is open");
+  REFUSED(fattn_graph_capture(r.ctx, FATTN_MODE_DECODE, 1, layers, &r), FATTN_ERR_STATE, "a capture is open");
+  layers(&r, r.stream);
+  ck_assert_ok(fattn_graph_end(r.ctx));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  ck_assert_int_eq(cudaStreamEndCapture(r.stream, &graph), cudaSuccess);
+  ck_assert_int_eq(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  cudaGraphDestroy(graph);
+  step = r.ctx->step;
+  ck_assert_msg(memcmp(&step, &bound, sizeof step) != 0, "fattn_graph_end kept the bucket's binding");
+  REFUSED(fattn_graph_plan(r.ctx, &two, r.stream), FATTN_ERR_STATE, "bucket 2 was never captured");
+  ck_assert_int_eq(cudaStreamBeginCapture(r.stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  ck_assert_ok(fattn_graph_begin(r.ctx, FATTN_MODE_DECODE, 2, r.stream));
+  ck_assert_int_ne(cudaStreamSynchronize(r.stream), cudaSuccess); /* ends the capture */
+  REFUSED(fattn_graph_end(r.ctx), FATTN_ERR_CUDA, "must not allocate or synchronise");
+  ck_assert_int_ne(cudaStreamEndCapture(r.stream, &graph), cudaSuccess);
+  cudaGetLastError();
+  REFUSED(fattn_graph_plan(r.ctx, &two, r.stream), FATTN_ERR_STATE, "bucket 2 was never captured");
+#undef REFUSED
+  ck_assert_ok(fattn_graph_plan(r.ctx, &one, r.stream)); /* bucket 1, from the good capture */
+  ck_assert_int_eq(cudaGraphLaunch(exec, r.stream), cudaSuccess);
+  ck_assert_int_eq(cudaStreamSynchronize(r.stream), cudaSuccess);
+  for (uint32_t i = 0; i < 2; i++) ck_assert_ok(fattn_seq_close(r.ctx, ids[i]));
+  ck_assert_ok(fattn_check(r.ctx));
+  cudaGraphExecDestroy(exec);
+  close_rig(&r);
+}
+END_TEST
+
 /* Every default bucket (1, 2, 4, 8, 12, 16, 24, 32, then every 8 up to 256: 36) of every graph
  * mode captures in global mode at max_batch 256; a size past max_batch is refused; the memory
  * plan reports each mode's graph memory. */
@@ -489,7 +664,8 @@ START_TEST(capture_every_default_bucket) {
 END_TEST
 
 FATTN_SUITE("gpu_graph", FATTN_TEST_GPU, replay_equals_eager_every_mode, mla_replay_equals_eager_every_mode,
-            mla90_replay_equals_eager_every_mode,
+            mla90_replay_equals_eager_every_mode, caller_graph_replay_equals_eager_every_mode,
+            caller_graph_steps_equal_eager_steps, caller_graph_arguments_are_checked,
             capture_that_syncs_or_allocates_fails,
             back_to_back_replays_share_a_mailbox, next_kernel_sees_the_whole_output,
             inputs_written_late_by_a_released_kernel, capture_every_default_bucket, sinks_far_from_scores_replay)

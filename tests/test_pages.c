@@ -205,10 +205,18 @@ START_TEST(every_failure_writes_its_detail) {
   OWN_DETAIL(fattn_graph_capture(ctx, FATTN_MODE_DECODE, 1, NULL, NULL), FATTN_ERR_UNSUPPORTED,
              "fattn_graph_capture: graphs need a CUDA device");
   OWN_DETAIL(fattn_graph_launch(ctx, &batch, NULL), FATTN_ERR_UNSUPPORTED, "fattn_graph_launch: graphs need");
+  OWN_DETAIL(fattn_graph_begin(ctx, FATTN_MODE_DECODE, 1, NULL), FATTN_ERR_UNSUPPORTED,
+             "fattn_graph_begin: graphs need a CUDA device");
+  OWN_DETAIL(fattn_graph_end(ctx), FATTN_ERR_UNSUPPORTED, "fattn_graph_end: graphs need a CUDA device");
+  OWN_DETAIL(fattn_graph_plan(ctx, &batch, NULL), FATTN_ERR_UNSUPPORTED, "fattn_graph_plan: graphs need");
+  OWN_DETAIL(fattn_graph_plan(ctx, NULL, NULL), FATTN_ERR_INVALID, "batch must not be NULL");
   OWN_DETAIL(fattn_destroy(ctx, 0), FATTN_ERR_BUSY, "1 sequences still open");
   OWN_DETAIL(fattn_ctx_backend(ctx, (fattn_mode)0) == FATTN_BACKEND_AUTO ? FATTN_ERR_INVALID : FATTN_OK,
              FATTN_ERR_INVALID, "fattn_ctx_backend: mode 0: unknown");
 #undef OWN_DETAIL
+  ck_assert_status(fattn_graph_begin(NULL, FATTN_MODE_DECODE, 1, NULL), FATTN_ERR_INVALID);
+  ck_assert_status(fattn_graph_end(NULL), FATTN_ERR_INVALID);
+  ck_assert_status(fattn_graph_plan(NULL, &batch, NULL), FATTN_ERR_INVALID);
   ck_assert_ok(fattn_destroy(ctx, 1));
 }
 END_TEST

@@ -47,6 +47,7 @@ class Mode(IntEnum):
 DEVICE_CPU = -1
 NO_WINDOW = -1
 FLAG_CALLER_PAGES = 0x1
+MAX_GRAPH_BUCKETS = 64
 REGION_NAMES = ("k_pool", "v_pool", "page_table", "metadata", "split_workspace", "graph_static",
                 "model", "pinned_staging")
 
@@ -139,6 +140,9 @@ _PROTOTYPES = {
     "fattn_attend": (c_int, [_ctx, c_uint32, c_void_p, c_void_p, c_void_p, c_void_p]),
     "fattn_graph_capture": (c_int, [_ctx, c_int, c_uint32, GRAPH_FN, c_void_p]),
     "fattn_graph_launch": (c_int, [_ctx, POINTER(Batch), c_void_p]),
+    "fattn_graph_begin": (c_int, [_ctx, c_int, c_uint32, c_void_p]),
+    "fattn_graph_end": (c_int, [_ctx]),
+    "fattn_graph_plan": (c_int, [_ctx, POINTER(Batch), c_void_p]),
 }
 
 

@@ -121,6 +121,7 @@ class Context:
         self.q_heads, self.kv_heads = mdl.num_q_heads, mdl.num_kv_heads
         self.head_dim, self.head_dim_v = mdl.head_dim, mdl.head_dim_v or mdl.head_dim
         self._tokens = None  # (query tokens, new KV tokens) of the planned step
+        self._before_capture = None  # (_tokens,) from graph_begin to graph_end
 
     # ---- lifetime
 
@@ -267,6 +268,32 @@ class Context:
                      stream=None):
         b, _keep, tokens = self._batch(mode, seq_ids, q_lens, kv_lens, None, tree_mask)
         self._call("fattn_graph_launch", byref(b), self._stream(stream))
+        self._tokens = tokens
+
+    def graph_begin(self, mode, batch_size, stream=None):
+        """fattn_graph_begin: stream (torch's current one by default) is capturing a graph of
+        yours (torch.cuda.graph); the store_kv / attend calls until graph_end record against
+        the bucket of batch_size (their buffers hold the bucket's tokens)."""
+        self._call("fattn_graph_begin", _enum(Mode, "mode", mode), _u32("batch_size", batch_size),
+                   self._stream(stream))
+        self._before_capture, self._tokens = (self._tokens,), None  # the bucket's are fattn's
+
+    def graph_end(self):
+        """fattn_graph_end: closes the capture graph_begin opened; FattnError where the capture
+        ended early (a captured call synchronised or allocated). Either way it is closed."""
+        try:
+            self._call("fattn_graph_end")
+        finally:
+            if self._before_capture is not None:
+                (self._tokens,), self._before_capture = self._before_capture, None
+
+    def graph_plan(self, mode, seq_ids, q_lens=None, kv_lens=None, tree_mask=None,
+                   stream=None):
+        """fattn_graph_plan: plans the step into its bucket for the graph you replay next, on
+        stream (torch's current one by default). Each plan must be followed by exactly one
+        replay of that bucket's graph before the next plan."""
+        b, _keep, tokens = self._batch(mode, seq_ids, q_lens, kv_lens, None, tree_mask)
+        self._call("fattn_graph_plan", byref(b), self._stream(stream))
         self._tokens = tokens
 
     # ---- tensors

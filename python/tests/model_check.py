@@ -6,7 +6,9 @@
 # row's pad keys and queries and calls flash_attn_func on the row alone. After the prefill every
 # run is fed the oracle's greedy tokens (teacher forcing): all runs see the same sequences, and one
 # flipped token does not cascade. A position's logit error is its largest |logit - oracle| over
-# the vocabulary; a run's max and mean are over every real position, prompt and decode.
+# the vocabulary; a run's max and mean are over every real position, prompt and decode. On CUDA,
+# fattn runs twice: its decode steps eagerly, and replayed from CUDA graphs of the decode forward
+# (fattn.hf's graphs); the two must give the same logits bit for bit.
 # Usage: python3 python/tests/model_check.py [--device cuda|cpu] [--steps 64] [--models a,b]
 # [--out DIR], or from python/ `python3 -m unittest tests.model_check` (FATTN_CHECK_DEVICE=cpu:
 # fattn's CPU backend). Without torch, transformers or (on cuda) a device: one line, exit 0.
@@ -203,13 +205,16 @@ def check_model(key, device, steps, fa3):
         notes.append(f"FA3 omitted: {fa3_why}")
 
     ours = copy.deepcopy(oracle).to(torch.bfloat16)
-    backend = fattn.hf.use(ours, device=device, page_size=PAGE, max_batch=len(PROMPTS),
-                           max_seq_len=PAGE * math.ceil((max(PROMPTS) + steps + 1) / PAGE))
+    sizes = dict(device=device, page_size=PAGE, max_batch=len(PROMPTS),
+                 max_seq_len=PAGE * math.ceil((max(PROMPTS) + steps + 1) / PAGE))
+    backend = fattn.hf.use(ours, graphs=False, **sizes)
     try:
         runs["fattn bf16"], _ = generate(ours, ids, mask, backend.cache(), steps, tokens)
         backend.ctx.check()
     finally:
         backend.close()
+    graphs = run_graphs(ours, ids, mask, steps, tokens, sizes, runs["fattn bf16"])
+    notes.append(graphs["note"])
     del ours, oracle
 
     longest = max(PROMPTS)
@@ -231,7 +236,7 @@ def check_model(key, device, steps, fa3):
                      "positions": int(real.sum()), "decided": int(decided.sum()),
                      "decided_match": int(match[decided].sum())})
 
-    failures = []
+    failures = [f"{key}: {f}" for f in graphs["failures"]]
     mine = rows[-1]
     peers = [r for r in rows[1:-1] if math.isfinite(r["max"]) and math.isfinite(r["mean"])]
     for r in rows[1:-1]:
@@ -253,7 +258,35 @@ def check_model(key, device, steps, fa3):
                         f"{mine['decided'] - mine['decided_match']} of {mine['decided']} positions "
                         f"whose top-2 margin exceeds 2 x {peer_max:.4f}")
     return {"model": key, "label": label, "config": config.__class__.__name__, "runs": rows,
-            "notes": notes, "failures": failures}
+            "graph_steps": graphs["graph_steps"], "notes": notes, "failures": failures}
+
+
+def run_graphs(model, ids, mask, steps, tokens, sizes, eager):
+    """fattn's decode steps replayed from CUDA graphs (fattn.hf's), on CUDA: every one must
+    replay, and the logits must equal eager's (fattn's decode steps run eagerly) bit for bit,
+    prefill and decode. {graph_steps, note, failures}."""
+    if not sizes["device"].startswith("cuda"):
+        return {"graph_steps": 0, "failures": [],
+                "note": "fattn graphs: not run (CUDA graphs need a CUDA device)"}
+    backend = fattn.hf.use(model, **sizes)
+    try:
+        got, _ = generate(model, ids, mask, backend.cache(), steps, tokens)
+        backend.ctx.check()
+        done, eager_steps, why = backend.graph_steps, backend.eager_steps, backend.eager_reason
+    finally:
+        backend.close()
+    failures = []
+    if done != steps or eager_steps:
+        failures.append(f"{done} of {steps} decode steps replayed from graphs, {eager_steps} "
+                        f"eager ({why})")
+    differ = (got.view(torch.int32) != eager.view(torch.int32)).any(-1)
+    if differ.any():
+        failures.append(f"the graph run's logits differ from the eager run's at "
+                        f"{int(differ.sum())} positions (max |difference| "
+                        f"{(got - eager).abs().max().item():.3g})")
+    note = (f"fattn graphs: {done} of {steps} decode steps replayed; logits "
+            f"{'differ from' if differ.any() else 'equal'} fattn bf16's (eager) bit for bit")
+    return {"graph_steps": done, "note": note, "failures": failures}
 
 
 def table(results):
@@ -310,8 +343,9 @@ def main(argv=None):
         t0 = time.time()
         res = check_model(key, device, args.steps, fa3)
         res["seconds"] = round(time.time() - t0, 1)
-        print(f"model_check: {key}: {res['seconds']} s, "
-              f"{'FAILED' if res['failures'] else 'passed'}", flush=True)
+        print(f"model_check: {key}: {res['seconds']} s, {res['graph_steps']} of {args.steps} "
+              f"decode steps from graphs, {'FAILED' if res['failures'] else 'passed'}",
+              flush=True)
         results.append(res)
     text = table(results)
     notes = [f"- {r['label']}: {n}" for r in results for n in r["notes"]]

@@ -94,6 +94,34 @@ class WithoutTorch(unittest.TestCase):
             ctx.reserve(s, 1)
             with self.assertRaises(fattn.FattnError):
                 ctx.graph_launch("decode", [s])
+            for call, name in ((lambda: ctx.graph_begin("decode", 1), "fattn_graph_begin"),
+                               (ctx.graph_end, "fattn_graph_end"),
+                               (lambda: ctx.graph_plan("decode", [s]), "fattn_graph_plan")):
+                with self.assertRaises(fattn.FattnError) as e:
+                    call()
+                self.assertEqual(e.exception.name, "FATTN_ERR_UNSUPPORTED")
+                self.assertIn(f"{name}: graphs need a CUDA device", e.exception.detail)
+            ctx.check()
+
+    def test_graph_arguments_fail_before_the_call(self):
+        with fattn.Context(CONFIG, model=MODEL) as ctx:
+            s = ctx.open_seq()
+            ctx.reserve(s, 1)
+            cases = [
+                ("graph_begin", ("decoding", 1), ValueError, "^mode: unknown Mode 'decoding'"),
+                ("graph_begin", ("decode", -1), ValueError,
+                 "^batch_size: -1 is not an unsigned 32-bit integer"),
+                ("graph_begin", ("decode", 1.5), ValueError, "^batch_size: 1.5 is not"),
+                ("graph_plan", ("decode", [s, -2]), ValueError, r"^seq_ids\[1\]: -2 is not"),
+                ("graph_plan", ("verify", [s]), ValueError, "^mode: unknown Mode 'verify'"),
+                ("graph_plan", ("decode", [s], [1, "x"]), ValueError, r"^q_lens\[1\]: 'x'"),
+            ]
+            for method, args, error, text in cases:
+                name = "fattn_" + method
+                with self.subTest(text=text), \
+                        mock.patch.object(_lib.lib, name, side_effect=AssertionError("called")):
+                    with self.assertRaisesRegex(error, text):
+                        getattr(ctx, method)(*args)
             ctx.check()
 
 
@@ -119,6 +147,21 @@ class WithTorch(unittest.TestCase):
             self.ctx.attend(layer, self.q[first:first + n], out, lse)
             results.append((out, lse))
         return results
+
+    def test_refused_graph_calls_keep_the_step(self):
+        s = self.ctx.open_seq()
+        self.ctx.reserve(s, 1)
+        self.ctx.plan("decode", [s])
+        for call in (lambda: self.ctx.graph_begin("decode", 1), self.ctx.graph_end,
+                     lambda: self.ctx.graph_plan("decode", [s])):
+            with self.assertRaises(fattn.FattnError):
+                call()
+        out = torch.empty(1, HQ, D, dtype=torch.bfloat16)
+        with self.assertRaisesRegex(ValueError, r"^q: shape \(2, 4, 64\), expected \(1, 4, 64\)"):
+            self.ctx.attend(0, self.q[:2], out)
+        self.ctx.store_kv(0, self.k[:1], self.v[:1])
+        self.ctx.attend(0, self.q[:1], out)
+        self.ctx.close_seq(s)
 
     def test_fattn_imported_before_torch(self):
         # libfattn.so's own dlopen group must not give libstdc++ jemalloc's operator new and

@@ -2,6 +2,7 @@
 # left-padded batch and decode teacher-forced steps; fattn errs no more than transformers, in bf16.
 import copy
 import unittest
+from unittest import mock
 
 try:
     import torch
@@ -119,6 +120,8 @@ class HuggingFace(unittest.TestCase):
             want, tokens = run(ref, ids, mask, transformers.DynamicCache(config=config))
             got_other, _ = run(other, ids, mask, transformers.DynamicCache(config=config), tokens)
             got, _ = run(ours, ids, mask, backend.cache(), tokens)
+            self.assertEqual((backend.graph_steps, backend.eager_steps), (0, STEPS))
+            self.assertIn("the context runs on the CPU", backend.eager_reason)
             real = torch.cat([mask, torch.ones_like(tokens)], dim=1).bool()
             prefill = real.clone()
             prefill[:, longest:] = False
@@ -146,6 +149,53 @@ class HuggingFace(unittest.TestCase):
             backend.ctx.check()
         finally:
             backend.close()
+
+    def test_decode_graph_path(self):
+        """A replayed decode step's path on the CPU, its CUDA parts stood in for: the capture
+        runs the forward once as its warm-up (no fattn call) and each replay runs it again, in
+        its captured form (static inputs, the column count a tensor, no planning inside),
+        after fattn_plan in place of fattn_graph_plan. Every decode step takes the path and
+        gives the eager decode's logits bit for bit; generate runs through it; a call the
+        graph cannot take runs eagerly, saying why."""
+        def capture_eagerly(backend, rows, forward, cache):
+            cache.warming = True
+            out = forward()
+            cache.warming = False
+            return lambda: out.logits.copy_(forward().logits), out
+
+        for name, (config, _) in configs().items():
+            with self.subTest(model=name):
+                torch.manual_seed(0)
+                model = transformers.AutoModelForCausalLM.from_config(config)
+                model = model.to(torch.bfloat16).eval()
+                ids, mask = prompts(config, "cpu", PROMPTS)
+                sizes = dict(device="cpu", page_size=4, max_batch=4, max_seq_len=64)
+                eager = fattn.hf.use(model, graphs=False, **sizes)
+                try:
+                    want, tokens = run(model, ids, mask, eager.cache())
+                finally:
+                    eager.close()
+                backend = fattn.hf.use(model, **sizes)
+                backend.graphs_off = None
+                try:
+                    with mock.patch.object(fattn.hf, "_capture", capture_eagerly), \
+                            mock.patch.object(backend.ctx, "graph_plan", backend.ctx.plan):
+                        got, _ = run(model, ids, mask, backend.cache())
+                        self.assertEqual((backend.graph_steps, backend.eager_steps), (STEPS, 0))
+                        self.assertTrue(torch.equal(got, want))
+                        cache = backend.cache()
+                        out = model.generate(input_ids=ids, attention_mask=mask, cache=cache,
+                                             max_new_tokens=4, do_sample=False)
+                        self.assertEqual(backend.graph_steps, STEPS + 3)
+                        self.assertTrue(torch.equal(out[:, ids.shape[1]:], tokens[:, :4]))
+                        with torch.no_grad():
+                            model(input_ids=out[:, -1:], cache=cache, output_hidden_states=True)
+                        self.assertEqual(backend.eager_steps, 1)
+                        self.assertIn("output_hidden_states", backend.eager_reason)
+                    backend.ctx.check()
+                finally:
+                    backend.close()
+                self.assertNotIn("forward", vars(model))  # the class's forward again
 
 
 if __name__ == "__main__":
