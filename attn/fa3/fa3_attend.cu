@@ -19,27 +19,31 @@ extern "C" int fattn__fa3_supports(const fattn__layer_params *l) { return fattn_
 
 extern "C" int fattn__fa3_encode_maps(const fattn__layer_params *l, void *maps) {
   if (l->mla) return fattn__mla90_encode_map(l, maps);
-  /* fp8 KV is gathered and widened by the producer: no maps. */
-  if (!fattn__fa3_supports(l) || l->kv_dtype == FATTN_DTYPE_FP8_E4M3 || l->page_size < FA3__TMA_MIN_PAGE)
+  /* fp8 KV widened to fp16 is gathered raw by the producer: no maps. Under the e4m3 policy
+   * fp8 rows travel as they are. */
+  const int e4m3 = l->kv_dtype == FATTN_DTYPE_FP8_E4M3 && l->compute_dtype == FATTN_DTYPE_FP8_E4M3;
+  if (!fattn__fa3_supports(l) || (l->kv_dtype == FATTN_DTYPE_FP8_E4M3 && !e4m3) || l->page_size < FA3__TMA_MIN_PAGE)
     return (int)cudaErrorNotSupported;
   const PFN_cuTensorMapEncodeTiled_v12000 encode = fa3__tmap_encoder();
   if (!encode) return (int)cudaErrorNotSupported;
-  /* [slots, kv_heads, d] with slots = pages * page_size; a box is 64 dims x 1 head x one page
-   * of a tile (the part of a box past d, at d 96, is filled with zeros). V alike with d_v. */
-  const uint32_t bn = fa3__tile_slots(l->head_dim, l->head_dim_v);
-  const cuuint32_t box[3] = {64u, 1u, (cuuint32_t)(l->page_size < bn ? l->page_size : bn)}, unit[3] = {1u, 1u, 1u};
-  const CUtensorMapDataType dt =
-      l->q_dtype == FATTN_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  /* [slots, kv_heads, d] with slots = pages * page_size; a box is one 128-byte slab of a row
+   * (64 dims, e4m3 128) x 1 head x one page of a tile (the part of a box past d, at d 96 and
+   * e4m3's d 64 / 192, is filled with zeros). V alike with d_v. */
+  const uint32_t bn = fa3__tile_slots(l->head_dim, l->head_dim_v, e4m3), eb = e4m3 ? 1u : 2u;
+  const cuuint32_t box[3] = {128u / eb, 1u, (cuuint32_t)(l->page_size < bn ? l->page_size : bn)}, unit[3] = {1u, 1u, 1u};
+  const CUtensorMapDataType dt = e4m3                             ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                 : l->q_dtype == FATTN_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                                  : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   CUtensorMap *m = (CUtensorMap *)maps;
   void *pools[2] = {l->k_pool, l->v_pool};
   const uint32_t dim[2] = {l->head_dim, l->head_dim_v};
   for (int i = 0; i < 2; i++) {
     const cuuint64_t dims[3] = {dim[i], l->num_kv_heads, (cuuint64_t)l->num_pages * l->page_size};
-    const cuuint64_t strides[2] = {(cuuint64_t)dim[i] * 2u, (cuuint64_t)l->num_kv_heads * dim[i] * 2u};
+    const cuuint64_t strides[2] = {(cuuint64_t)dim[i] * eb, (cuuint64_t)l->num_kv_heads * dim[i] * eb};
     if (encode(&m[i], dt, 3, pools[i], dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
-      return (int)cudaErrorInvalidValue;
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) /* e4m3 at d 64: a box wider than the */
+      return e4m3 ? (int)cudaErrorNotSupported : (int)cudaErrorInvalidValue; /* row may be refused: gathered */
   }
   return (int)cudaSuccess;
 }

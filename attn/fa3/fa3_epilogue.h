@@ -10,7 +10,7 @@
 /* Output and LSE element pairs in Q's type; fp8 kernels serve bf16 and fp16 Q alike. */
 template <typename TM, bool F8> __device__ __forceinline__ uint32_t fa3__out_pair(float x, float y, uint32_t q_dtype) {
   if constexpr (F8) return q_dtype == FATTN_DTYPE_BF16 ? fa2__pack<__nv_bfloat16>(x, y) : fa2__pack<__half>(x, y);
-  return fa2__pack<TM>(x, y);
+  else return fa2__pack<TM>(x, y);
 }
 
 /* A quad's 4 x 4 block of words transposed by two butterfly rounds: before, w[j] is this

@@ -4,6 +4,7 @@
 #define FATTN_ATTN_FA3_FA3_MAINLOOP_H
 
 #include "attn/fa3/fa3_epilogue.h"
+#include "attn/fa3/fa3_fp8.h"
 #include "attn/fa3/fa3_mask.h"
 #include "attn/fa3/fa3_table.h"
 #include "attn/fa3/wgmma.h"
@@ -17,23 +18,25 @@
  * consumers take turns to issue (FA3__BAR_TURN), so one's softmax runs under the other's
  * GEMMs. Waits stay out of the issue sequences: a spin loop between wgmma.fence and a wgmma
  * is a divergent path after which ptxas serialises the wgmmas. */
-template <int DK, int DV, typename T, bool F8>
-__device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__smem<DK, DV, F8> *sm) {
-  using C = fa3__cfg<DK, DV, F8>;
+template <int DK, int DV, typename T, int KV>
+__device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__smem<DK, DV, KV> *sm) {
+  using C = fa3__cfg<DK, DV, KV>;
   using SM = typename C::softmax;
-  constexpr int BN = C::BN, ST = C::ST, CH = DK / 8;
+  constexpr bool E4 = C::E4;
+  constexpr int BN = C::BN, ST = C::ST, CH = DK / 8, KS = C::KSTEP;
   const fattn__layer_params &l = a.k.l;
   const uint32_t d = l.head_dim;
   const uint32_t tid = threadIdx.x % 128u, warp = tid / 32u, lane = tid % 32u, g = lane / 4u, c4 = lane % 4u;
   const uint32_t num_pairs = a.k.s.hdr->num_pairs, causal = a.k.s.hdr->causal, work = fa3__work(a, num_pairs);
   c = (int)fa3__uniform((uint32_t)c); /* as the item and the block count: the issue is uniform */
   char *qs = sm->q[c];
-  const uint32_t kv_lo = fa3__desc_lo(sm->kv[0], 0u), v_lo = fa3__desc_lo(sm->kv[0] + C::K_BYTES, C::KV_SLAB);
+  /* V: MN-major slabs for 16-bit P V, K-major V^T rows for e4m3 */
+  const uint32_t kv_lo = fa3__desc_lo(sm->kv[0], 0u), v_lo = fa3__desc_lo(sm->kv[0] + C::K_BYTES, E4 ? 0u : C::KV_SLAB);
   fa3__ring<ST> ring; /* the next tile's first block */
   if (c == 1) fa3__arrive_bar(FA3__BAR_TURN, 256); /* consumer 0 takes the first turn */
   /* Q rows of this warpgroup for tile t, zeros past the entry and past d, as one cp.async group.
-   * With fp8 KV the MMAs run in fp16, so bf16 Q is narrowed as it loads (exact for |q| in
-   * [2^-14, 65504]). */
+   * With widened fp8 KV the MMAs run in fp16, so bf16 Q is narrowed as it loads (exact for |q|
+   * in [2^-14, 65504]); the e4m3 policy quantises it once landed (fa3__quantise_q). */
   auto load_q = [&](const fa3__tile &t) {
     const uint32_t R0 = t.R0 + 64u * (uint32_t)c;
 #pragma unroll 1 /* rolled: it runs beside the last P V GEMM, where registers are short */
@@ -43,7 +46,7 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
       const char *src = (const char *)a.k.q;
       if (in) src += ((size_t)(t.e.q_start + q) * l.num_q_heads + t.hq) * d * 2u + ch * 16u;
       char *dst = qs + (ch / 8u) * 8192u + fa3__swz(r, ch % 8u);
-      if (F8 && l.q_dtype == FATTN_DTYPE_BF16) {
+      if (KV == FA3__KV_WIDEN && l.q_dtype == FATTN_DTYPE_BF16) {
         *(uint4 *)dst = fa2__bf16x8_to_f16(in ? *(const uint4 *)src : make_uint4(0u, 0u, 0u, 0u));
       } else {
         fa2__cp16(dst, src, in);
@@ -71,8 +74,13 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
     fa3__tile_of<BN>(a, item.w, item.ei, num_pairs, &t);
     t.nblk = fa3__uniform(t.nblk);
     fa2__wait<0>();
-    fa3__fence_async();
-    fa3__sync(FA3__BAR_Q + c, 128);
+    float q_descale = 1.f; /* e4m3: the scores' factor back from Q's scale */
+    if constexpr (E4) {
+      q_descale = fa3__quantise_q<DK>(qs, sm->q_amax[c], l.q_dtype, FA3__BAR_Q + c, tid);
+    } else {
+      fa3__fence_async();
+      fa3__sync(FA3__BAR_Q + c, 128);
+    }
     const uint32_t R0 = t.R0 + 64u * (uint32_t)c;
     const bool rows = R0 < t.e.q_len;
     fa3__mask<BN, DK> mask;
@@ -84,13 +92,13 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
     sm_rows.init();
 
     float sc[BN / 2];
-    uint32_t p[BN / 16][4];
+    uint32_t p[BN / KS][4];
     auto issue_s = [&](const fa3__ring<ST> &at) {
       uint32_t q_lo = fa3__desc_lo(qs, 0u);
       asm volatile("" : "+r"(q_lo)); /* else ptxas hoists the DK / 16 Q descriptors and spills them */
       const uint32_t k_lo = kv_lo + at.stage * (uint32_t)(C::STAGE >> 4);
 #pragma unroll
-      for (int ks = 0; ks < DK / 16; ks++)
+      for (int ks = 0; ks < DK / KS; ks++)
         fa3__mma_ss<BN, T>(sc, fa3__desc_at(q_lo, (ks / 4) * 8192 + (ks % 4) * 32),
                            fa3__desc_at(k_lo, (ks / 4) * C::KV_SLAB + (ks % 4) * 32), ks > 0);
       fa3__mma_commit();
@@ -98,12 +106,15 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
     auto issue_pv = [&](const fa3__ring<ST> &at) {
       const uint32_t lo = v_lo + at.stage * (uint32_t)(C::STAGE >> 4);
 #pragma unroll
-      for (int kk = 0; kk < BN / 16; kk++) fa3__mma_rs<DV, T>(o, p[kk], fa3__desc_at(lo, kk * 2048));
+      for (int kk = 0; kk < BN / KS; kk++) {
+        if constexpr (E4 && BN == 64) fa3__mma_rs<DV, T>(o, p[kk], fa3__desc_at<FA3__DESC_HI_64B>(lo, kk * 32));
+        else fa3__mma_rs<DV, T>(o, p[kk], fa3__desc_at(lo, E4 ? kk * 32 : kk * 2048));
+      }
       fa3__mma_commit();
     };
     /* Scores of block blk masked (softcapped ones taken to log2 units first), then the policy's
      * step, which scales raw scores inside its exps. */
-    const float sl2 = a.k.sl2, softcap = l.softcap, cap_mul = a.k.cap_scale / l.softcap;
+    const float sl2 = a.k.sl2 * q_descale, softcap = l.softcap, cap_mul = a.k.cap_scale * q_descale / l.softcap;
     auto soft = [&](uint32_t blk, float *alpha) {
       if (softcap > 0.f) {
 #pragma unroll
@@ -113,15 +124,19 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
       sm_rows.step(sc, softcap > 0.f ? 1.f : sl2, alpha);
     };
     auto pack_p = [&]() {
+      if constexpr (E4) {
+        fa3__pack_p_e4m3<BN>(sc, p);
+      } else {
 #pragma unroll
-      for (int kk = 0; kk < BN / 16; kk++) {
+        for (int kk = 0; kk < BN / 16; kk++) {
 #pragma unroll
-        for (int r = 0; r < 4; r++) p[kk][r] = fa2__pack<T>(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
+          for (int r = 0; r < 4; r++) p[kk][r] = fa2__pack<T>(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
+        }
       }
     };
     auto ready = [&](uint64_t *bars, const fa3__ring<ST> &at, uint32_t blk) {
       fa3__wait(&bars[at.stage], at.phase);
-      if (!F8 && !fa3__by_tma<BN, F8>(a, t, t.kb + blk * BN)) fa3__fence_async();
+      if (KV != FA3__KV_WIDEN && !fa3__by_tma<BN, KV>(a, t, t.kb + blk * BN)) fa3__fence_async();
     };
     auto release = [&](uint64_t *bars, const fa3__ring<ST> &at) {
       if (lane == 0) fa3__arrive(&bars[at.stage]);
@@ -193,7 +208,7 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
     } else {
       item = take(k + 1u);
     }
-    if (rows) fa3__store_o<DV, T, F8, C::QUAD_O>(a, t, sm_rows.m, sm_rows.l, o, R0, warp, g, c4);
+    if (rows) fa3__store_o<DV, T, C::F8, C::QUAD_O>(a, t, sm_rows.m, sm_rows.l, o, R0, warp, g, c4);
   }
   if (c == 0) fa3__sync(FA3__BAR_TURN, 256); /* consumer 1's last turn handed over */
 }

@@ -3,6 +3,7 @@
 #ifndef FATTN_ATTN_FA3_FA3_PRODUCE_H
 #define FATTN_ATTN_FA3_FA3_PRODUCE_H
 
+#include "attn/fa3/fa3_fp8.h"
 #include "attn/fa3/fa3_sched.h"
 #include "attn/fa3/fa3_table.h"
 
@@ -12,19 +13,24 @@
  * in ring order; a stage's K is brought once empty_k says the consumers' S GEMMs of the
  * stage's last block are done and then signalled on full_k, V likewise (empty_v, full_v), with
  * zeros past the KV range and past d. TMA serves a block that sits inside the sequence, with
- * 16-bit KV and tensor maps (pages of FA3__TMA_MIN_PAGE slots or more); the rest is gathered
- * by all 128 threads, a row a thread, so one page-table read a thread a block. */
-template <int DK, int DV, bool F8>
+ * tensor maps (pages of FA3__TMA_MIN_PAGE slots or more; 16-bit KV, or fp8 under the e4m3
+ * policy); the rest is gathered by all 128 threads, a row a thread, so one page-table read a
+ * thread a block. Under the e4m3 policy V lands in raw first and the 128 threads transpose it
+ * into the stage (fa3__transpose_v). */
+template <int DK, int DV, int KV>
 __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorMap *tk, const CUtensorMap *tv,
-                                             fa3__smem<DK, DV, F8> *sm) {
-  using C = fa3__cfg<DK, DV, F8>;
+                                             fa3__smem<DK, DV, KV> *sm) {
+  using C = fa3__cfg<DK, DV, KV>;
+  constexpr bool F8 = C::F8, E4 = C::E4;
   constexpr int BN = C::BN, ST = C::ST, EB = F8 ? 1 : 2; /* bytes an element as stored */
-  constexpr int CK = DK * EB / 16, CV = DV * EB / 16;     /* 16-byte chunks a row as loaded */
+  /* 16-byte chunks a row as loaded; e4m3 rows fill whole 128-byte slabs */
+  constexpr int CK = E4 ? C::SK * 8 : DK * EB / 16, CV = E4 ? C::SV * 8 : DV * EB / 16;
   const uint32_t tid = threadIdx.x, G = a.k.l.num_q_heads / a.k.l.num_kv_heads;
   const uint32_t d = a.k.l.head_dim, dv = a.k.l.head_dim_v, nkv = a.k.l.num_kv_heads;
   const uint32_t psm = (1u << a.k.ps_shift) - 1u, num_pairs = a.k.s.hdr->num_pairs;
   const uint32_t work = fa3__work(a, num_pairs);
   fa3__ring<ST> at; /* the next block's stage */
+  uint32_t raw_phase = 0u; /* e4m3: raw_full's parity for the next TMA landing */
   for (uint32_t k = 0;; k++) {
     /* Inside the loop: posted before it, the first item tipped the consumers' registers into
      * spilling (ptxas allocates the whole kernel at once). */
@@ -40,7 +46,7 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
     auto load = [&](uint32_t blk) {
       const uint32_t s = at.stage, ph = at.phase, j0 = t.kb + blk * BN;
       char *kd = sm->kv[s], *vd = kd + C::K_BYTES;
-      if (fa3__by_tma<BN, F8>(a, t, j0)) {
+      if (fa3__by_tma<BN, KV>(a, t, j0)) {
         /* Lane i of warp 0 brings page i of the tile (boxes past d, at d 96, arrive as zeros);
          * the bytes are expected before any box can land. K goes as soon as the S GEMMs of
          * the stage's last block are done, V once its P V GEMMs are. */
@@ -52,10 +58,29 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
         fa3__wait(&sm->empty_k[s], ph ^ 1u);
         if (tid == 0u) fa3__arrive_tx(&sm->full_k[s], C::K_BYTES);
         __syncwarp();
+        constexpr int SLAB_DIMS = E4 ? 128 : 64; /* a slab's 128 bytes */
         if (mine) {
 #pragma unroll
           for (int sl = 0; sl < C::SK; sl++)
-            fa3__tma3(kd + sl * C::KV_SLAB + lane * pb * 128u, tk, sl * 64, (int)kvh, row, &sm->full_k[s]);
+            fa3__tma3(kd + sl * C::KV_SLAB + lane * pb * 128u, tk, sl * SLAB_DIMS, (int)kvh, row, &sm->full_k[s]);
+        }
+        if constexpr (E4) {
+          /* raw is free: the last transposition ended on the producer's barrier */
+          if (tid == 0u) fa3__arrive_tx(&sm->raw_full, C::RAW);
+          __syncwarp();
+          if (mine) {
+#pragma unroll
+            for (int sl = 0; sl < C::SV; sl++)
+              fa3__tma3(sm->raw + sl * C::KV_SLAB + lane * pb * 128u, tv, sl * SLAB_DIMS, (int)kvh, row, &sm->raw_full);
+          }
+          fa3__wait(&sm->raw_full, raw_phase);
+          raw_phase ^= 1u;
+          fa3__wait(&sm->empty_v[s], ph ^ 1u);
+          fa3__transpose_v<DV, BN>(sm->raw, vd, tid);
+          fa3__fence_async();
+          fa3__sync(FA3__BAR_PRODUCER, 128); /* V^T whole, raw free again */
+          if (tid == 0u) fa3__arrive(&sm->full_v[s]);
+          return;
         }
         fa3__wait(&sm->empty_v[s], ph ^ 1u);
         if (tid == 0u) fa3__arrive_tx(&sm->full_v[s], C::V_BYTES);
@@ -73,7 +98,28 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
       size_t slot = 0;
       if (ok) slot = (size_t)(((uint32_t)pt[j >> a.k.ps_shift] << a.k.ps_shift) + (j & psm)) * nkv + kvh;
       const char *ks = (const char *)a.k.l.k_pool + slot * d * EB, *vs = (const char *)a.k.l.v_pool + slot * dv * EB;
-      if constexpr (F8) {
+      if constexpr (E4) {
+        /* K straight into the stage, V into raw, then V^T; fenced here, as the consumers fence
+         * only gathered K (fa3__by_tma) */
+        fa3__wait(&sm->empty_k[s], ph ^ 1u);
+        fa3__wait(&sm->empty_v[s], ph ^ 1u);
+#pragma unroll 4
+        for (int c = (int)(tid / BN); c < CK; c += 128 / BN)
+          fa2__cp16(kd + (c / 8) * C::KV_SLAB + fa3__swz(r, c % 8), ks + c * 16, ok && c * 16u < d);
+#pragma unroll 4
+        for (int c = (int)(tid / BN); c < CV; c += 128 / BN)
+          fa2__cp16(sm->raw + (c / 8) * C::KV_SLAB + fa3__swz(r, c % 8), vs + c * 16, ok && c * 16u < dv);
+        fa2__commit();
+        fa2__wait<0>();
+        fa3__sync(FA3__BAR_PRODUCER, 128);
+        fa3__transpose_v<DV, BN>(sm->raw, vd, tid);
+        fa3__fence_async();
+        fa3__sync(FA3__BAR_PRODUCER, 128); /* the stage is whole, and raw free again */
+        if (tid == 0) {
+          fa3__arrive(&sm->full_k[s]);
+          fa3__arrive(&sm->full_v[s]);
+        }
+      } else if constexpr (F8) {
         fa3__wait(&sm->empty_k[s], ph ^ 1u);
         fa3__wait(&sm->empty_v[s], ph ^ 1u);
         char *rk = sm->raw + r * DK, *rv = sm->raw + BN * DK + r * DV;

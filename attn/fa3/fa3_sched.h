@@ -25,13 +25,20 @@ typedef struct fa3__tile {
   bool tree;
 } fa3__tile;
 
+/* The operand policy of a kernel: what the KV cache holds and what the GEMMs run in. */
+enum fa3__kv_policy {
+  FA3__KV_16BIT = 0,  /* 16-bit KV in Q's type, 16-bit GEMMs */
+  FA3__KV_WIDEN = 1,  /* fp8 KV gathered raw and widened to fp16 by the producer, fp16 GEMMs */
+  FA3__KV_E4M3 = 2,   /* fp8 KV as stored, Q quantised in the kernel, e4m3 GEMMs (fa3_fp8.h) */
+};
+
 /* Whether the producer brings block j0 of tile t by TMA: the async proxy, whose writes wgmma
  * reads once the stage's barrier completes. Blocks it gathers with cp.async are generic-proxy
- * writes, which their readers order before wgmma with a proxy fence; fp8 blocks, widened by
- * the producer, are fenced by it. */
-template <int BN, bool F8>
+ * writes, which their readers order before wgmma with a proxy fence; widened fp8 blocks and
+ * e4m3 V^T, written by the producer's threads, are fenced by it. */
+template <int BN, int KV>
 __device__ __forceinline__ bool fa3__by_tma(const fa3__args &a, const fa3__tile &t, uint32_t j0) {
-  return !F8 && a.use_tma && j0 + BN <= t.e.kv_len;
+  return KV != FA3__KV_WIDEN && a.use_tma && j0 + BN <= t.e.kv_len;
 }
 
 /* A claimed work item (work when none is left) and the entry it falls in. */

@@ -78,11 +78,13 @@ template <int N> __device__ __forceinline__ void fa3__pin(float *d) {
  * operands). A GEMM's descriptors are then its operand's low word plus constants, which ptxas
  * keeps in uniform registers, not a mask and shift an instruction rebuilt in vector ones. */
 constexpr uint32_t FA3__DESC_HI = (1024u >> 4) | (1u << 30);
+/* The 64-byte swizzle (rows of 64 bytes, 8-row groups 512 bytes apart): e4m3 V^T of 64-slot blocks. */
+constexpr uint32_t FA3__DESC_HI_64B = (512u >> 4) | (2u << 30);
 __device__ __forceinline__ uint32_t fa3__desc_lo(const void *p, uint32_t lbo) {
   return ((fa2__smem(p) & 0x3FFFFu) >> 4) | (((lbo >> 4) & 0x3FFFu) << 16);
 }
-__device__ __forceinline__ uint64_t fa3__desc_at(uint32_t lo, uint32_t byte_offset) {
-  return ((uint64_t)FA3__DESC_HI << 32) | (lo + (byte_offset >> 4));
+template <uint32_t HI = FA3__DESC_HI> __device__ __forceinline__ uint64_t fa3__desc_at(uint32_t lo, uint32_t byte_offset) {
+  return ((uint64_t)HI << 32) | (lo + (byte_offset >> 4));
 }
 
 /* x, which every lane of the warp holds, as lane 0's: ptxas then knows it is warp-uniform, and
@@ -114,6 +116,8 @@ static inline PFN_cuTensorMapEncodeTiled_v12000 fa3__tmap_encoder() {
 
 /* Byte offset of 16-byte chunk c of row r inside a swizzled slab. */
 __device__ __forceinline__ uint32_t fa3__swz(uint32_t r, uint32_t c) { return r * 128u + ((c ^ (r & 7u)) << 4); }
+/* The same in the 64-byte swizzle: chunk bits 4-5 of the address XOR its bits 7-8. */
+__device__ __forceinline__ uint32_t fa3__swz64(uint32_t r, uint32_t c) { return r * 64u + ((c ^ ((r >> 1) & 3u)) << 4); }
 
 #endif /* __CUDACC__ */
 #endif /* FATTN_ATTN_FA3_FA3_SYNC_H */

@@ -29,19 +29,37 @@
   X(192, 192, 64, 3, 3, 56, 224, lazy, pair)         \
   X(256, 256, 64, 2, 2, 40, 232, lazy, quad)
 
+/* The e4m3 kernels' rows (fattn_config.compute_dtype FP8_E4M3), same columns but one ring
+ * depth: BN 128 at every head dim, since a transposed V row is BN bytes and fp8 P is half the
+ * registers of 16-bit P (FlashAttention-3's fp8 tiles are 128 slots or more). Stages fill
+ * 227 KB with Q staged in 16 bits and V's landing area. The producer, which transposes V, gets
+ * 56 registers (40 spilled); d 256's consumers hold S (64), O (128) and P (16) and take 240. */
+#define FA3__TABLE_E4M3(X)                    \
+  /* DK   DV   BN  ST  P    C   softmax  O */   \
+  X(64, 64, 128, 4, 56, 224, exact, pair)         \
+  X(128, 128, 128, 4, 56, 224, exact, pair)       \
+  X(192, 128, 64, 4, 56, 224, lazy, pair)         \
+  X(192, 192, 64, 4, 56, 224, lazy, pair)         \
+  X(256, 256, 64, 4, 40, 232, lazy, quad)
+
 /* A head dim rounded up to the 64-dim slabs of the tiles. */
 #define FA3__DK(hd) (((hd) + 63u) / 64u * 64u)
 /* TMA brings a tile as one box a page and slab: pages of 8 slots or more, so that every box
  * starts on a swizzle atom (8 rows of 128 bytes). */
 #define FA3__TMA_MIN_PAGE 8u
 
-/* KV slots a block of the layer's kernel (its table row), 0 where no row serves. */
-static inline uint32_t fa3__tile_slots(uint32_t head_dim, uint32_t head_dim_v) {
+/* KV slots a block of the layer's kernel (its table row; e4m3: the e4m3 policy's), 0 where
+ * no row serves. */
+static inline uint32_t fa3__tile_slots(uint32_t head_dim, uint32_t head_dim_v, int e4m3) {
   const uint32_t dk = FA3__DK(head_dim), dv = FA3__DK(head_dim_v);
 #define FA3__ROW_BN(DK, DV, BN, ST, ST8, P, C, SM, O) \
-  if (dk == DK && dv == DV) return BN;
+  if (!e4m3 && dk == DK && dv == DV) return BN;
   FA3__TABLE(FA3__ROW_BN)
 #undef FA3__ROW_BN
+#define FA3__E4_ROW_BN(DK, DV, BN, ST, P, C, SM, O) \
+  if (e4m3 && dk == DK && dv == DV) return BN;
+  FA3__TABLE_E4M3(FA3__E4_ROW_BN)
+#undef FA3__E4_ROW_BN
   return 0u;
 }
 
@@ -50,51 +68,68 @@ static inline uint32_t fa3__tile_slots(uint32_t head_dim, uint32_t head_dim_v) {
 #include "attn/fa3/fa3_sched.h"
 #include "attn/fa3/fa3_softmax.h"
 
-template <int DK, int DV> struct fa3__row;
+template <int DK, int DV, bool E4> struct fa3__row;
 #define FA3__O_pair false
 #define FA3__O_quad true
 #define FA3__ROW_TRAITS(DK, DV, BN_, ST_, ST8_, P, C, SM, O)                   \
-  template <> struct fa3__row<DK, DV> {                                      \
+  template <> struct fa3__row<DK, DV, false> {                               \
     static constexpr int BN = BN_, ST = ST_, ST8 = ST8_, P_REGS = P, C_REGS = C; \
     static constexpr bool QUAD_O = FA3__O_##O;                               \
     template <int N> using softmax = fa3__softmax_##SM<N>;                   \
   };
 FA3__TABLE(FA3__ROW_TRAITS)
 #undef FA3__ROW_TRAITS
+#define FA3__E4_ROW_TRAITS(DK, DV, BN_, ST_, P, C, SM, O)                      \
+  template <> struct fa3__row<DK, DV, true> {                                \
+    static constexpr int BN = BN_, ST = ST_, ST8 = ST_, P_REGS = P, C_REGS = C; \
+    static constexpr bool QUAD_O = FA3__O_##O;                               \
+    template <int N> using softmax = fa3__softmax_##SM<N>;                   \
+  };
+FA3__TABLE_E4M3(FA3__E4_ROW_TRAITS)
+#undef FA3__E4_ROW_TRAITS
 
-/* The shapes a kernel derives from its row. F8: the KV is fp8, gathered raw into a landing
- * area and widened to fp16 into the stage by the producer. */
-template <int DK, int DV, bool F8> struct fa3__cfg {
-  using R = fa3__row<DK, DV>;
-  static constexpr int BN = R::BN, ST = F8 ? R::ST8 : R::ST, NT = 384, SK = DK / 64, SV = DV / 64;
+/* The shapes a kernel derives from its row. 16-bit operands: a row of a slab is 64 dims
+ * (128 bytes); e4m3: 128 dims, so DK pads to whole 128-byte slabs (the S GEMM reads only the
+ * DK / 32 k-steps that hold dims), V is transposed into a stage as [DV][BN bytes] (BN is 128:
+ * one swizzled row a dim) from a landing area (RAW) that TMA or the gather fills. */
+template <int DK, int DV, int KV> struct fa3__cfg {
+  static constexpr bool F8 = KV != FA3__KV_16BIT, E4 = KV == FA3__KV_E4M3;
+  using R = fa3__row<DK, DV, E4>;
+  static constexpr int BN = R::BN, ST = KV == FA3__KV_WIDEN ? R::ST8 : R::ST, NT = 384;
+  static constexpr int SK = E4 ? (DK + 127) / 128 : DK / 64, SV = E4 ? (DV + 127) / 128 : DV / 64;
+  static constexpr int KSTEP = E4 ? 32 : 16;     /* dims a k-step of the S GEMM */
   static constexpr int P_REGS = R::P_REGS, C_REGS = R::C_REGS;
   static constexpr bool QUAD_O = R::QUAD_O;
-  static constexpr int Q_WG = SK * 64 * 128;      /* one consumer's 64 rows: [slab][64][128 B] */
+  /* one consumer's 64 rows: [slab][64][128 B]; e4m3 Q is staged there in 16 bits first */
+  static constexpr int Q_WG = DK / 64 * 64 * 128;
   static constexpr int KV_SLAB = BN * 128;        /* [BN slots][128 B] */
   static constexpr int K_BYTES = SK * KV_SLAB;    /* [slab][BN][128 B] */
-  static constexpr int V_BYTES = SV * KV_SLAB;
+  static constexpr int V_BYTES = E4 ? DV * BN : SV * KV_SLAB; /* e4m3: [DV][BN B], else as K */
   static constexpr int STAGE = K_BYTES + V_BYTES;
-  static constexpr int RAW = F8 ? BN * (DK + DV) : 8; /* fp8 rows as loaded: [BN][DK], [BN][DV] */
+  static constexpr int RAW = KV == FA3__KV_WIDEN ? BN * (DK + DV) : E4 ? SV * KV_SLAB : 8;
   using softmax = typename R::template softmax<BN>;
   static_assert(P_REGS + 2 * C_REGS <= 504, "the consumers ask for more registers than the producer frees");
+  static_assert(!E4 || BN == 64 || BN == 128, "e4m3 V^T rows are one 64- or 128-byte swizzle row");
 };
 
 /* The shared-memory plan: one struct, placed at a 1024-byte boundary (the swizzle atom), so
  * that every Q slab and K/V stage starts on one. */
-template <int DK, int DV, bool F8> struct fa3__smem {
-  using C = fa3__cfg<DK, DV, F8>;
+template <int DK, int DV, int KV> struct fa3__smem {
+  using C = fa3__cfg<DK, DV, KV>;
   char q[2][C::Q_WG];         /* consumer c's 64 query rows, [slab][64][128 B] */
-  char kv[C::ST][C::STAGE];   /* the ring: K [slab][BN][128 B], then V */
+  char kv[C::ST][C::STAGE];   /* the ring: K [slab][BN][128 B], then V (e4m3: V^T) */
   char raw[C::RAW];           /* fp8: the producer's landing area */
   uint64_t full_k[C::ST], full_v[C::ST];   /* a stage's K / V landed (producer arrives) */
   uint64_t empty_k[C::ST], empty_v[C::ST]; /* a stage's K / V read (one arrive a consumer warp) */
+  uint64_t raw_full;                       /* e4m3: a block's V landed in raw (TMA) */
   uint64_t sched_full[FA3__SCHED_SLOTS], sched_empty[FA3__SCHED_SLOTS]; /* the scheduler's ring */
   uint32_t ring_w[FA3__SCHED_SLOTS], ring_entry[FA3__SCHED_SLOTS];      /* its slots: work item, entry */
+  float q_amax[2][4];                      /* e4m3: each consumer warp's |Q| max of a tile */
 };
-template <int DK, int DV, bool F8> struct fa3__plan {
-  static constexpr int SMEM = 1024 + (int)sizeof(fa3__smem<DK, DV, F8>);
+template <int DK, int DV, int KV> struct fa3__plan {
+  static constexpr int SMEM = 1024 + (int)sizeof(fa3__smem<DK, DV, KV>);
   static_assert(SMEM <= 227 * 1024, "shared memory");
-  static_assert(fa3__cfg<DK, DV, F8>::Q_WG % 1024 == 0 && fa3__cfg<DK, DV, F8>::STAGE % 1024 == 0,
+  static_assert(fa3__cfg<DK, DV, KV>::Q_WG % 1024 == 0 && fa3__cfg<DK, DV, KV>::STAGE % 1024 == 0,
                 "slabs and stages on swizzle atoms");
 };
 
