@@ -227,6 +227,32 @@ def fa3_fp8(q, k, v, causal, amax_scales=False):
     return lambda: FA3_FUNC(q8, k8, v8, causal=causal, q_descale=qs, k_descale=ks, v_descale=vs)
 
 
+def fattn_cross(q, k, v, fp8):
+    """fattn on [1, heads, seq, d] float64 tensors, non-causal (a CROSS step: q attends to an
+    encoder sequence holding k, v), bf16 in and out, page 128, the FA3 backend. fp8: the cache
+    in e4m3 at the layer scales amax / 448 and compute_dtype fp8 (Q quantised in the kernel)."""
+    import fattn
+    _, h, seq, d = q.shape
+    qb, kb, vb = (x[0].transpose(0, 1).contiguous().to(torch.bfloat16) for x in (q, k, v))
+    layer = dict(k_scale=kb.abs().max().item() / 448.0, v_scale=vb.abs().max().item() / 448.0) if fp8 else {}
+    cfg = dict(device=torch.cuda.current_device(), page_size=128, kv_budget_pages=seq // 128 + 4, max_batch=1,
+               max_seq_len=seq, max_q_tokens=seq, max_encoder_len=seq, prefill_backend="fa3",
+               kv_dtype="fp8_e4m3" if fp8 else "bf16")
+    if fp8:
+        cfg["compute_dtype"] = "fp8_e4m3"
+    model = dict(num_layers=1, num_q_heads=h, num_kv_heads=h, head_dim=d, layers=[layer])
+    out = torch.empty_like(qb)
+    with fattn.Context(model=model, **cfg) as ctx:
+        s = ctx.open_seq()
+        ctx.reserve(s, seq)
+        ctx.plan("cross", [s], q_lens=[seq], kv_lens=[seq], kv_new_lens=[seq])
+        ctx.store_kv(0, kb, vb)
+        ctx.attend(0, qb, out)
+        torch.cuda.synchronize()
+        ctx.close_seq(s)
+    return out.transpose(0, 1)[None].double()
+
+
 def fp8():
     """FlashAttention-3 in fp8 beside itself in bf16: the FA3 paper's table (TFLOP/s), and the RMSE
     of O against a float64 oracle on its accuracy setup (N(0, 1), plus N(0, 100) on a share of
@@ -243,7 +269,7 @@ def fp8():
         ratio = f"{r8 / r16:9.2f}" if r8 and r16 else "      n/a"
         print(f"{d:4} {seq:6} {str(causal):>6} {fmt(r16):>9} {fmt(r8):>9} {ratio}")
     print("fp8 accuracy: bs 1, 16 heads, seq 2048, non-causal; RMSE of O against float64")
-    print(f"{'d':>4} {'outliers':>9} {'FA3 bf16':>10} {'FA3 fp8':>10}")
+    print(f"{'d':>4} {'outliers':>9} {'FA3 bf16':>10} {'FA3 fp8':>10} {'fattn bf16':>10} {'fattn fp8':>10}")
     gen = torch.Generator(device="cuda").manual_seed(0)
     for d in (128, 256):
         for share in (0.0, 0.001):
@@ -266,7 +292,14 @@ def fp8():
                 except Exception as e:
                     print(f"    (FA3 {name}: {type(e).__name__}: {str(e).splitlines()[0][:80]})")
                     rmse[name] = None
-            cols = " ".join(f"{x:10.2e}" if x is not None else f"{'n/a':>10}" for x in (rmse["bf16"], rmse["fp8"]))
+            for name, f8 in (("fattn bf16", False), ("fattn fp8", True)):
+                try:
+                    rmse[name] = ((fattn_cross(q, k, v, f8) - ref) ** 2).mean().sqrt().item()
+                except Exception as e:
+                    print(f"    ({name}: {type(e).__name__}: {str(e).splitlines()[0][:100]})")
+                    rmse[name] = None
+            cols = " ".join(f"{x:10.2e}" if x is not None else f"{'n/a':>10}"
+                            for x in (rmse["bf16"], rmse["fp8"], rmse["fattn bf16"], rmse["fattn fp8"]))
             print(f"{d:4} {share:9.3f} {cols}")
 
 
