@@ -19,6 +19,7 @@ typedef struct fattn__layer_params {
   uint32_t num_pages;
   uint32_t q_dtype;    /* Q, new K/V and O */
   uint32_t kv_dtype;   /* cache */
+  uint32_t compute_dtype;  /* GEMM dtype of the prefill-side kernels: q_dtype, or FATTN_DTYPE_FP8_E4M3 */
   float scale;         /* softmax scale applied to q.k */
   float softcap;       /* 0: none */
   int32_t window;      /* FATTN_NO_WINDOW (-1): none; else i sees [i - window, i] */
