@@ -35,6 +35,9 @@ typedef struct kresult {
 
 /* `prefill --backend fa2|fa3`: the prefill-side backend every context of the run uses. */
 static fattn_backend prefill_backend = FATTN_BACKEND_AUTO;
+/* `prefill --kv bf16|fp8` and `--compute bf16|fp8`: the cache of the prefill rows, and the
+ * config's compute_dtype of every context of the run (0: Q's type; fp8 implies an fp8 cache). */
+static fattn_dtype prefill_kv = FATTN_DTYPE_BF16, compute_dtype;
 /* `decode --max-splits N`: the split-KV bound of every context of the run (0: the default). */
 static uint32_t max_splits;
 /* `decode --backend fa2|fa3`: the decode-side backend (fa3 hands decode steps to fa2's kernels
@@ -62,6 +65,22 @@ static int backend_arg(const char *opt, const char *val, fattn_backend *b) {
   return 1;
 }
 
+/* `opt bf16|fp8` into *t; 0 where opt and val are not that option. */
+static int dtype_arg(const char *opt, const char *want, const char *val, fattn_dtype *t) {
+  if (strcmp(opt, want) != 0) return 0;
+  if (strcmp(val, "bf16") == 0) *t = FATTN_DTYPE_BF16;
+  else if (strcmp(val, "fp8") == 0) *t = FATTN_DTYPE_FP8_E4M3;
+  else return 0;
+  return 1;
+}
+
+/* The dtype names of the rows and the CSV. */
+static const char *dtype_name(fattn_dtype t) { return t == FATTN_DTYPE_FP8_E4M3 ? "fp8" : "bf16"; }
+
+/* The columns of decode.csv and prefill.csv; compute_dtype last, so that the columns before it
+ * keep their places (tools/prefill_flow.sh cuts them by number). */
+#define KERNEL_CSV_HEADER "mode,bs,q,kv,page,hq,hkv,d,kv_dtype,ms,gbps,read_gbps,tflops,mhz,read_mhz,compute_dtype\n"
+
 /* A one-layer context holding bs sequences of kv_len slots whose pages interleave (grown a
  * page at a time, round robin), with random K and V. */
 static fattn_ctx *make_ctx(const kshape *k, uint32_t *ids) {
@@ -69,8 +88,13 @@ static fattn_ctx *make_ctx(const kshape *k, uint32_t *ids) {
   fattn_model m = FATTN_MODEL_INIT;
   m.num_layers = 1, m.num_q_heads = k->hq, m.num_kv_heads = k->hkv, m.head_dim = k->d;
   if (k->mla) m.head_dim_v = m.mla_latent_dim = MLA_LATENT, m.mla_rope_dim = k->d - MLA_LATENT;
+  /* An fp8 pool is filled with e4m3(N(0, 1)) bytes directly (below): at scale 1 they read as the
+   * 16-bit rows' N(0, 1) data, within e4m3's range (|x| <= 448) with room to spare. */
+  const fattn_layer_opts fp8_opts = {FATTN_NO_WINDOW, 0, 1.0f, 1.0f};
+  if (k->kv_dtype == FATTN_DTYPE_FP8_E4M3) m.layers = &fp8_opts;
   c.device = 0;
   c.kv_dtype = k->kv_dtype;
+  c.compute_dtype = compute_dtype;
   c.prefill_backend = prefill_backend;
   c.decode_backend = decode_backend;
   c.max_splits = max_splits;
@@ -160,13 +184,14 @@ static kresult run_shape(const kshape *k, FILE *csv) {
   const double flops = 2.0 * k->hq * seen * (k->d + dv);
   const char *mode = k->mla ? "mla" : k->mode == FATTN_MODE_DECODE ? "decode" : k->mode == FATTN_MODE_TARGET_VERIFY ? "verify"
                      : k->lens ? "varlen" : k->mode == FATTN_MODE_PREFILL ? "causal" : "noncausal";
-  const char *dt = k->kv_dtype == FATTN_DTYPE_FP8_E4M3 ? "fp8" : "bf16";
-  printf("%-9s %4u %6u %6u %4u %3u/%-2u %4u %-4s %9.4f %8.1f %8.1f %6.3f %8.1f %5.0f/%-4.0f\n", mode, k->bs, k->q_len,
-         k->kv_len, k->page, k->hq, k->hkv, k->d, dt, ms, bytes / ms / 1e6, bytes / read_ms / 1e6, read_ms / ms,
-         flops / ms / 1e9, mhz, read_mhz);
+  const char *dt = dtype_name(k->kv_dtype), *gemm = dtype_name(compute_dtype);
+  printf("%-9s %4u %6u %6u %4u %3u/%-2u %4u %-4s %-4s %9.4f %8.1f %8.1f %6.3f %8.1f %5.0f/%-4.0f\n", mode, k->bs,
+         k->q_len, k->kv_len, k->page, k->hq, k->hkv, k->d, dt, gemm, ms, bytes / ms / 1e6, bytes / read_ms / 1e6,
+         read_ms / ms, flops / ms / 1e9, mhz, read_mhz);
   if (csv)
-    fprintf(csv, "%s,%u,%u,%u,%u,%u,%u,%u,%s,%.6f,%.2f,%.2f,%.2f,%.0f,%.0f\n", mode, k->bs, k->q_len, k->kv_len, k->page,
-            k->hq, k->hkv, k->d, dt, ms, bytes / ms / 1e6, bytes / read_ms / 1e6, flops / ms / 1e9, mhz, read_mhz);
+    fprintf(csv, "%s,%u,%u,%u,%u,%u,%u,%u,%s,%.6f,%.2f,%.2f,%.2f,%.0f,%.0f,%s\n", mode, k->bs, k->q_len, k->kv_len,
+            k->page, k->hq, k->hkv, k->d, dt, ms, bytes / ms / 1e6, bytes / read_ms / 1e6, flops / ms / 1e9, mhz,
+            read_mhz, gemm);
   fflush(stdout);
   cudaFree(q), cudaFree(out), cudaFree(sink);
   fattn_destroy(ctx, 1);
@@ -175,9 +200,10 @@ static kresult run_shape(const kshape *k, FILE *csv) {
   return res;
 }
 
+/* gemm: the prefill-side GEMMs' type (compute_dtype; Q's bf16 where not set). */
 static void header(void) {
-  printf("%-9s %4s %6s %6s %4s %6s %4s %-4s %9s %8s %8s %6s %8s %10s\n", "mode", "bs", "q", "kv", "page", "heads", "d",
-         "kv", "ms", "GB/s", "read", "frac", "TFLOP/s", "MHz");
+  printf("%-9s %4s %6s %6s %4s %6s %4s %-4s %-4s %9s %8s %8s %6s %8s %10s\n", "mode", "bs", "q", "kv", "page", "heads",
+         "d", "kv", "gemm", "ms", "GB/s", "read", "frac", "TFLOP/s", "MHz");
 }
 
 /* Options: --max-splits N (the split-KV bound of the contexts; default 32), --backend fa2|fa3
@@ -221,7 +247,7 @@ int fattn_bench_decode(int argc, char **argv) {
   };
   FILE *csv = fopen("build/decode.csv", "w");
   if (!csv) fail("build/decode.csv", "cannot write");
-  fprintf(csv, "mode,bs,q,kv,page,hq,hkv,d,kv_dtype,ms,gbps,read_gbps,tflops,mhz,read_mhz\n");
+  fprintf(csv, KERNEL_CSV_HEADER);
   printf("fattn decode attention (Llama-3.1-8B heads), one layer, median of 21, max_splits %u; read = %s over the same pages;"
          " %s\n",
          max_splits ? max_splits : 32u, roofline_ring ? "a decode block's copy ring alone" : "pure-read kernel",
@@ -244,7 +270,7 @@ static void serve_rows(FILE *csv) {
     for (int bi = 0; bi < 2; bi++)
       for (int qi = 0; qi < 3; qi++)
         for (int xi = 0; xi < 3; xi++) {
-          kshape k = {FATTN_MODE_PREFILL, bss[bi], qs[qi], prefixes[xi] + qs[qi], pages[pi], 32, 8, 128, FATTN_DTYPE_BF16,
+          kshape k = {FATTN_MODE_PREFILL, bss[bi], qs[qi], prefixes[xi] + qs[qi], pages[pi], 32, 8, 128, prefill_kv,
                       NULL, 0};
           run_shape(&k, csv);
         }
@@ -255,7 +281,7 @@ static void serve_rows(FILE *csv) {
     longest = lens[i] > longest ? lens[i] : longest;
   }
   for (int pi = 0; pi < 2; pi++) {
-    kshape k = {FATTN_MODE_PREFILL, 16, longest, longest, pages[pi], 32, 8, 128, FATTN_DTYPE_BF16, lens, 0};
+    kshape k = {FATTN_MODE_PREFILL, 16, longest, longest, pages[pi], 32, 8, 128, prefill_kv, lens, 0};
     run_shape(&k, csv);
   }
 }
@@ -264,26 +290,32 @@ static void serve_rows(FILE *csv) {
  * the same d 128 x 8k shape over other page sizes, extend (q 512 over an 8k prefix), and the
  * serving rows (serve_rows). Options: --backend fa2|fa3 (default AUTO), --csv PATH, --rows
  * paper|serve|all (default all), --only D,SEQ[,causal] (that paper shape alone, non-causal
- * unless causal is 1: for profilers). */
+ * unless causal is 1: for profilers), --kv bf16|fp8 (the cache; default bf16), --compute
+ * bf16|fp8 (compute_dtype; fp8 takes an fp8 cache; default bf16: 16-bit MMAs). */
 int fattn_bench_prefill(int argc, char **argv) {
   const char *path = "build/prefill.csv", *rows = "all";
   unsigned only_d = 0, only_seq = 0, only_causal = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (backend_arg(argv[i], argv[i + 1], &prefill_backend)) continue;
+    if (backend_arg(argv[i], argv[i + 1], &prefill_backend) || dtype_arg(argv[i], "--kv", argv[i + 1], &prefill_kv) ||
+        dtype_arg(argv[i], "--compute", argv[i + 1], &compute_dtype))
+      continue;
     if (strcmp(argv[i], "--csv") == 0) path = argv[i + 1];
     else if (strcmp(argv[i], "--rows") == 0 &&
              (!strcmp(argv[i + 1], "paper") || !strcmp(argv[i + 1], "serve") || !strcmp(argv[i + 1], "all")))
       rows = argv[i + 1];
     else if (strcmp(argv[i], "--only") == 0 && sscanf(argv[i + 1], "%u,%u,%u", &only_d, &only_seq, &only_causal) >= 2)
       continue;
-    else fail("fattn-bench prefill", "options: --backend fa2|fa3, --csv PATH, --rows paper|serve|all, --only D,SEQ[,1]");
+    else fail("fattn-bench prefill", "options: --backend fa2|fa3, --csv PATH, --rows paper|serve|all, --only D,SEQ[,1], "
+                                     "--kv bf16|fp8, --compute bf16|fp8");
   }
+  if (compute_dtype == FATTN_DTYPE_FP8_E4M3) prefill_kv = FATTN_DTYPE_FP8_E4M3; /* e4m3 GEMMs read an fp8 cache */
   if (!fattn_bench_has_gpu()) fail("fattn-bench prefill", "needs a CUDA device");
   FILE *csv = fopen(path, "w");
   if (!csv) fail(path, "cannot write");
-  fprintf(csv, "mode,bs,q,kv,page,hq,hkv,d,kv_dtype,ms,gbps,read_gbps,tflops,mhz,read_mhz\n");
+  fprintf(csv, KERNEL_CSV_HEADER);
   printf("fattn prefill attention (FA3 paper setup: 16k tokens, hidden 2048, page 128; then serving shapes),"
-         " median of 21; GPU timing (calls queued behind a holding kernel)\n");
+         " median of 21; GPU timing (calls queued behind a holding kernel); kv %s, gemm %s\n",
+         dtype_name(prefill_kv), dtype_name(compute_dtype));
   header();
   static const uint32_t dims[3] = {64, 128, 256}, lens[6] = {512, 1024, 2048, 4096, 8192, 16384};
   const int paper = strcmp(rows, "serve") != 0, serve = strcmp(rows, "paper") != 0 && !only_d;
@@ -293,15 +325,15 @@ int fattn_bench_prefill(int argc, char **argv) {
         if (only_d && (dims[di] != only_d || lens[li] != only_seq || causal != (int)(only_causal == 1))) continue;
         uint32_t len = lens[li], h = 2048 / dims[di];
         kshape k = {causal ? FATTN_MODE_PREFILL : FATTN_MODE_CROSS, 16384 / len, len, len, 128, h, h, dims[di],
-                    FATTN_DTYPE_BF16, NULL, 0};
+                    prefill_kv, NULL, 0};
         run_shape(&k, csv);
       }
   static const uint32_t pages[3] = {16, 64, 256};
   for (int p = 0; p < 3 && paper && !only_d; p++) {
-    kshape k = {FATTN_MODE_CROSS, 2, 8192, 8192, pages[p], 16, 16, 128, FATTN_DTYPE_BF16, NULL, 0};
+    kshape k = {FATTN_MODE_CROSS, 2, 8192, 8192, pages[p], 16, 16, 128, prefill_kv, NULL, 0};
     run_shape(&k, csv);
   }
-  kshape ext = {FATTN_MODE_PREFILL, 8, 512, 8192 + 512, 128, 32, 8, 128, FATTN_DTYPE_BF16, NULL, 0};
+  kshape ext = {FATTN_MODE_PREFILL, 8, 512, 8192 + 512, 128, 32, 8, 128, prefill_kv, NULL, 0};
   if (paper && !only_d) run_shape(&ext, csv);
   if (serve) serve_rows(csv);
   fclose(csv);
@@ -318,13 +350,13 @@ int fattn_bench_prefill(int argc, char **argv) {
  * --kv bf16|fp8 (those rows; one row alone is what ncu wants), --max-splits N (the config's
  * split bound, default 32). */
 int fattn_bench_mla(int argc, char **argv) {
-  const char *path = "build/mla.csv", *only_kv = NULL;
+  const char *path = "build/mla.csv";
+  fattn_dtype only_kv = 0;
   unsigned only_heads = 0, only_ctx = 0, only_q = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (strcmp(argv[i], "--csv") == 0) path = argv[i + 1];
     else if (backend_arg(argv[i], argv[i + 1], &decode_backend)) prefill_backend = decode_backend;
-    else if (strcmp(argv[i], "--kv") == 0 && (!strcmp(argv[i + 1], "bf16") || !strcmp(argv[i + 1], "fp8")))
-      only_kv = argv[i + 1];
+    else if (dtype_arg(argv[i], "--kv", argv[i + 1], &only_kv)) continue;
     else if (!((strcmp(argv[i], "--heads") == 0 && sscanf(argv[i + 1], "%u", &only_heads) == 1) ||
                (strcmp(argv[i], "--bs") == 0 && sscanf(argv[i + 1], "%u", &only_bs) == 1) ||
                (strcmp(argv[i], "--ctx") == 0 && sscanf(argv[i + 1], "%u", &only_ctx) == 1) ||
@@ -342,8 +374,7 @@ int fattn_bench_mla(int argc, char **argv) {
          MLA_LATENT, MLA_ROPE);
   header();
   static const uint32_t heads[2] = {128, 16}, bss[4] = {1, 16, 64, 128}, ctxs[4] = {1024, 4096, 16384, 65536};
-  static const struct { fattn_dtype dt; const char *name; } kvs[2] = {{FATTN_DTYPE_BF16, "bf16"},
-                                                                      {FATTN_DTYPE_FP8_E4M3, "fp8"}};
+  static const fattn_dtype kvs[2] = {FATTN_DTYPE_BF16, FATTN_DTYPE_FP8_E4M3};
   for (int ki = 0; ki < 2; ki++)
     for (int hi = 0; hi < 2; hi++)
       for (int bi = 0; bi < 4; bi++)
@@ -351,12 +382,12 @@ int fattn_bench_mla(int argc, char **argv) {
           for (uint32_t ql = 1; ql <= 2; ql++) {
             if ((only_heads && heads[hi] != only_heads) || (only_bs && bss[bi] != only_bs) ||
                 (only_ctx && ctxs[ci] != only_ctx) || (only_q && ql != only_q) ||
-                (only_kv && strcmp(only_kv, kvs[ki].name) != 0))
+                (only_kv && kvs[ki] != only_kv))
               continue;
             const fattn_mode mode = ql == 1 ? FATTN_MODE_DECODE : FATTN_MODE_TARGET_VERIFY;
-            const kshape k = {mode, bss[bi], ql, ctxs[ci], 64, heads[hi], 1, MLA_LATENT + MLA_ROPE, kvs[ki].dt, NULL, 1};
+            const kshape k = {mode, bss[bi], ql, ctxs[ci], 64, heads[hi], 1, MLA_LATENT + MLA_ROPE, kvs[ki], NULL, 1};
             const kresult r = run_shape(&k, NULL); /* this table's columns, not run_shape's */
-            fprintf(csv, "%u,%u,%u,%u,64,%s,%.6f,%.2f,%.2f,%.2f\n", k.hq, k.bs, k.kv_len, ql, kvs[ki].name, r.ms,
+            fprintf(csv, "%u,%u,%u,%u,64,%s,%.6f,%.2f,%.2f,%.2f\n", k.hq, k.bs, k.kv_len, ql, dtype_name(kvs[ki]), r.ms,
                     r.bytes / r.ms / 1e6, r.flops / r.ms / 1e9, r.bytes / r.read_ms / 1e6);
           }
   fclose(csv);

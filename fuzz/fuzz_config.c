@@ -115,6 +115,7 @@ static void build_config(fuzz_bytes *in, fattn_config *c) {
   }
   c->graph_modes = graphs & 4 ? PICK(in, 1u << FATTN_MODE_DECODE, 0x1c, 0x3c, 1u << FATTN_MODE_PREFILL, 0x80) : 0;
   c->flags = graphs & 8 ? PICK(in, FATTN_FLAG_CALLER_PAGES, 2) : 0;
+  c->compute_dtype = graphs & 16 ? (fattn_dtype)PICK(in, FATTN_DTYPE_FP8_E4M3, FATTN_DTYPE_BF16, FATTN_DTYPE_FP16, 4) : 0;
 }
 
 /* A failing call wrote a non-empty, terminated detail and nothing past its buffer. */
@@ -183,6 +184,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     return 0;
   }
   if (detail_len && detail[0]) FUZZ_FAIL("fattn_memory_plan OK with a detail: %s", detail);
+  if (seen.compute_dtype && seen.compute_dtype != seen.q_dtype &&
+      !(seen.compute_dtype == FATTN_DTYPE_FP8_E4M3 && seen.kv_dtype == FATTN_DTYPE_FP8_E4M3))
+    FUZZ_FAIL("compute_dtype %d accepted with q_dtype %d, kv_dtype %d", seen.compute_dtype, seen.q_dtype,
+              seen.kv_dtype);
   if (report.struct_size < sizeof report) return 0; /* an older caller's: the fields checked may be cut */
   check_report(&seen, &report);
   if (seen.device == FATTN_DEVICE_CPU && report.device_bytes + report.pinned_bytes < CREATE_LIMIT)

@@ -59,7 +59,7 @@ int fattn_version_number(void);
 typedef enum fattn_dtype {
   FATTN_DTYPE_BF16 = 1,
   FATTN_DTYPE_FP16 = 2,
-  FATTN_DTYPE_FP8_E4M3 = 3, /* KV only; scaled per layer, see fattn_layer_opts */
+  FATTN_DTYPE_FP8_E4M3 = 3, /* KV cache and fattn_config.compute_dtype; scaled per layer, see fattn_layer_opts */
 } fattn_dtype;
 
 typedef enum fattn_backend {
@@ -169,10 +169,21 @@ typedef struct fattn_config {
   const uint32_t *graph_buckets; /* [num_graph_buckets], strictly increasing, or NULL */
   uint32_t graph_modes;  /* bit (1 << mode) per mode that gets graph buffers; 0 none */
   uint32_t flags;        /* FATTN_FLAG_* */
+  /* The dtype of the two GEMMs (Q K^T, P V) of the prefill-side modes (PREFILL, TARGET_VERIFY,
+   * DRAFT_EXTEND, CROSS). 0 means q_dtype: 16-bit MMAs, as before this field. BF16 / FP16 only
+   * when equal to q_dtype. FP8_E4M3 needs kv_dtype FP8_E4M3 and a model without MLA
+   * (mla_latent_dim 0). Its policy: Q (bf16 / fp16) is quantised to e4m3 in the kernel, one
+   * scale per 64 query rows of a tile and q head (their amax / 448); K and V are the cache's fp8
+   * values with the layer's k_scale / v_scale; P is rounded to e4m3 in registers; S and O
+   * accumulate in fp32; O comes out in q_dtype and the LSE in float. The decode-side modes
+   * (DECODE, DRAFT_DECODE) keep their kernels, and backends without an fp8 kernel (FA2, the CPU
+   * reference) compute as before (16-bit MMAs over the widened cache; float64): only FA3 on
+   * sm_90a runs e4m3 GEMMs, so the same context's answers differ by backend within fp8's error. */
+  fattn_dtype compute_dtype;
 } fattn_config;
 #define FATTN_CONFIG_INIT                                                        \
   {sizeof(fattn_config), 0, FATTN_DTYPE_BF16, FATTN_DTYPE_BF16, 16, 0, 0, 0, 1, \
-   4096, 4096, 0, 0, 0, 0, FATTN_BACKEND_AUTO, FATTN_BACKEND_AUTO, 0, 0, 0, NULL, 0, 0}
+   4096, 4096, 0, 0, 0, 0, FATTN_BACKEND_AUTO, FATTN_BACKEND_AUTO, 0, 0, 0, NULL, 0, 0, 0}
 
 /* ---------------------------------------------------------- memory plan */
 

@@ -64,6 +64,21 @@ static fattn_status check_model(const fattn_model *m, char *detail, size_t detai
   return FATTN_OK;
 }
 
+/* compute_dtype, after q_dtype and kv_dtype are known good: 0 (q_dtype), q_dtype itself, or e4m3
+ * over an fp8 cache (the GEMMs read the cache's bytes as they are). MLA is refused: no MLA kernel
+ * has e4m3 GEMMs, and its V is the latent under k_scale, not a V pool under v_scale. */
+static fattn_status check_compute(const fattn_config *c, const fattn_model *m, char *detail, size_t detail_len) {
+  const fattn_dtype t = c->compute_dtype;
+  if (t == 0 || t == c->q_dtype) return FATTN_OK;
+  if (t == FATTN_DTYPE_BF16 || t == FATTN_DTYPE_FP16)
+    return BAD("compute_dtype %d: a 16-bit compute_dtype must equal q_dtype %d (or give 0)", t, c->q_dtype);
+  if (t != FATTN_DTYPE_FP8_E4M3) return BAD("compute_dtype %d: unknown", t);
+  if (c->kv_dtype != FATTN_DTYPE_FP8_E4M3)
+    return BAD("compute_dtype FP8_E4M3 needs kv_dtype FP8_E4M3 (kv_dtype %d)", c->kv_dtype);
+  if (m->mla_latent_dim) return BAD("compute_dtype FP8_E4M3: not for MLA models");
+  return FATTN_OK;
+}
+
 static fattn_status check_buckets(const fattn_config *c, fattn__norm *n, char *detail,
                                   size_t detail_len) {
   if (c->num_graph_buckets) {
@@ -126,6 +141,7 @@ fattn_status fattn__normalize(const fattn_config *cfg, const fattn_model *model,
   if (c->q_dtype != FATTN_DTYPE_BF16 && c->q_dtype != FATTN_DTYPE_FP16)
     return BAD("q_dtype %d: must be FATTN_DTYPE_BF16 or FATTN_DTYPE_FP16", c->q_dtype);
   if (!elem_bytes(c->kv_dtype)) return BAD("kv_dtype %d: unknown", c->kv_dtype);
+  if ((st = check_compute(c, model, detail, detail_len))) return st;
   if (!is_pow2(c->page_size) || c->page_size > FATTN_MAX_PAGE_SIZE)
     return BAD("page_size %u: not a power of two in 1..%d", c->page_size, FATTN_MAX_PAGE_SIZE);
   if (c->max_batch == 0) return BAD("max_batch 0: must be >= 1");

@@ -328,6 +328,7 @@ fattn__layer_params fattn__layer_params_for(const fattn_ctx *ctx, uint32_t layer
   l.num_pages = ctx->lay.num_pages;
   l.q_dtype = (uint32_t)n->cfg.q_dtype;
   l.kv_dtype = (uint32_t)n->cfg.kv_dtype;
+  l.compute_dtype = n->cfg.compute_dtype == FATTN_DTYPE_FP8_E4M3 ? (uint32_t)FATTN_DTYPE_FP8_E4M3 : l.q_dtype;
   l.scale = n->model.softmax_scale;
   l.softcap = n->model.logit_softcap;
   l.window = o->sliding_window;

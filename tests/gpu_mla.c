@@ -40,7 +40,7 @@ START_TEST(mla_store_kv) {
     fattn__layer_params l;
     memset(&l, 0, sizeof l);
     l.num_q_heads = 16; l.num_kv_heads = 1; l.head_dim = 576; l.head_dim_v = 512; l.mla = 1; l.page_size = MLA_PAGES[k % 4];
-    l.q_dtype = qt; l.kv_dtype = kt; l.k_scale = kt == F8 ? 0.37f : 1.f; l.v_scale = 1.f;
+    l.q_dtype = qt; l.kv_dtype = kt; l.compute_dtype = qt; l.k_scale = kt == F8 ? 0.37f : 1.f; l.v_scale = 1.f;
     fails += !store_case(l, FATTN_MODE_DECODE);
   }
   ck_assert_int_eq(fails, 0);

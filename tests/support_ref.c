@@ -61,6 +61,7 @@ void fx_init(fx *f, shape sh) {
   l->num_pages = ROWS * l->pages_per_seq + 3;
   l->q_dtype = sh.q_dtype ? sh.q_dtype : FATTN_DTYPE_BF16;
   l->kv_dtype = sh.kv_dtype ? sh.kv_dtype : FATTN_DTYPE_BF16;
+  l->compute_dtype = l->q_dtype; /* the reference computes in float64 whatever the kernels' GEMMs */
   l->scale = 1.0f / sqrtf((float)sh.d);
   l->window = FATTN_NO_WINDOW;
   l->k_scale = l->v_scale = 1.0f;

@@ -2,6 +2,7 @@
  * detail messages, status strings, and create/destroy on the CPU backend. */
 #include <math.h>
 
+#include "lib/internal.h"
 #include "tests/shapes.h"
 #include "tests/support.h"
 
@@ -236,6 +237,73 @@ START_TEST(versioned_outputs_adapt) {
 }
 END_TEST
 
+/* The GEMM dtype a layer's kernels get from compute_dtype: q_dtype for 0 and for an older
+ * caller's config that ends before the field, e4m3 where asked. */
+static uint32_t layer_compute(const fattn_config *c, const fattn_model *m) {
+  fattn_ctx *ctx = NULL;
+  ck_assert_msg(fattn_create(c, m, &ctx, detail, sizeof detail) == FATTN_OK, "%s", detail);
+  const uint32_t t = fattn__layer_params_for(ctx, 1).compute_dtype;
+  ck_assert_ok(fattn_destroy(ctx, 0));
+  return t;
+}
+
+/* compute_dtype: 0 or q_dtype, or e4m3 over an fp8 cache of a model without MLA; every other
+ * value is refused naming it, and a refused create hands out no context. */
+START_TEST(compute_dtype_checked) {
+  fattn_config c;
+  fattn_model m;
+  fattn_memory_report r = FATTN_MEMORY_REPORT_INIT, full = FATTN_MEMORY_REPORT_INIT;
+  fattn_test_small(&c, &m);
+  ck_assert_int_eq(c.compute_dtype, 0); /* FATTN_CONFIG_INIT: q_dtype's 16-bit MMAs */
+  ck_assert_uint_eq(layer_compute(&c, &m), FATTN_DTYPE_BF16);
+  c.compute_dtype = FATTN_DTYPE_BF16;
+  ck_assert_uint_eq(layer_compute(&c, &m), FATTN_DTYPE_BF16);
+  c.q_dtype = c.kv_dtype = FATTN_DTYPE_FP16;
+  c.compute_dtype = 0;
+  ck_assert_uint_eq(layer_compute(&c, &m), FATTN_DTYPE_FP16);
+  c.compute_dtype = FATTN_DTYPE_FP16;
+  ck_assert_uint_eq(layer_compute(&c, &m), FATTN_DTYPE_FP16);
+  c.kv_dtype = FATTN_DTYPE_FP8_E4M3;
+  c.compute_dtype = FATTN_DTYPE_FP8_E4M3;
+  ck_assert_uint_eq(layer_compute(&c, &m), FATTN_DTYPE_FP8_E4M3);
+  /* fp8 compute changes no byte of the plan: the cache is the fp8 cache either way */
+  ck_assert_ok(fattn_memory_plan(&c, &m, &r, detail, sizeof detail));
+  c.compute_dtype = 0;
+  ck_assert_ok(fattn_memory_plan(&c, &m, &full, detail, sizeof detail));
+  ck_assert_mem_eq(&r, &full, sizeof r);
+  /* an older caller's config ends before the field: what lies there is not read */
+  fattn_test_small(&c, &m);
+  c.compute_dtype = (fattn_dtype)7;
+  ck_assert_status(fattn_memory_plan(&c, &m, &r, detail, sizeof detail), FATTN_ERR_INVALID);
+  c.struct_size = offsetof(fattn_config, compute_dtype);
+  ck_assert_uint_eq(layer_compute(&c, &m), FATTN_DTYPE_BF16);
+#define REJECT(stmt, text)                                                                  \
+  do {                                                                                      \
+    fattn_test_small(&c, &m);                                                               \
+    stmt;                                                                                   \
+    fattn_ctx *ctx = (fattn_ctx *)1;                                                        \
+    ck_assert_status(fattn_memory_plan(&c, &m, &r, detail, sizeof detail), FATTN_ERR_INVALID); \
+    ck_assert_msg(strstr(detail, text) != NULL, "detail '%s' lacks '%s'", detail, text);    \
+    ck_assert_status(fattn_create(&c, &m, &ctx, detail, sizeof detail), FATTN_ERR_INVALID); \
+    ck_assert_ptr_null(ctx);                                                                \
+    ck_assert_msg(strstr(detail, text) != NULL, "detail '%s' lacks '%s'", detail, text);    \
+  } while (0)
+  REJECT(c.compute_dtype = (fattn_dtype)7, "compute_dtype 7: unknown");
+  REJECT(c.compute_dtype = (fattn_dtype)-1, "compute_dtype -1: unknown");
+  REJECT((c.kv_dtype = FATTN_DTYPE_FP8_E4M3, c.compute_dtype = (fattn_dtype)4), "compute_dtype 4: unknown");
+  REJECT(c.compute_dtype = FATTN_DTYPE_FP16, "compute_dtype 2: a 16-bit compute_dtype must equal q_dtype 1");
+  REJECT((c.q_dtype = c.kv_dtype = FATTN_DTYPE_FP16, c.compute_dtype = FATTN_DTYPE_BF16),
+         "compute_dtype 1: a 16-bit compute_dtype must equal q_dtype 2");
+  REJECT(c.compute_dtype = FATTN_DTYPE_FP8_E4M3, "compute_dtype FP8_E4M3 needs kv_dtype FP8_E4M3 (kv_dtype 1)");
+  REJECT((c.q_dtype = c.kv_dtype = FATTN_DTYPE_FP16, c.compute_dtype = FATTN_DTYPE_FP8_E4M3),
+         "compute_dtype FP8_E4M3 needs kv_dtype FP8_E4M3 (kv_dtype 2)");
+  REJECT((m.num_q_heads = 16, m.num_kv_heads = 1, m.head_dim = 576, m.head_dim_v = 512, m.mla_latent_dim = 512,
+          m.mla_rope_dim = 64, c.kv_dtype = FATTN_DTYPE_FP8_E4M3, c.compute_dtype = FATTN_DTYPE_FP8_E4M3),
+         "compute_dtype FP8_E4M3: not for MLA models");
+#undef REJECT
+}
+END_TEST
+
 START_TEST(status_strings) {
   ck_assert_str_eq(fattn_status_name(FATTN_ERR_CAPACITY), "FATTN_ERR_CAPACITY");
   ck_assert_str_eq(fattn_status_name(FATTN_OK), "FATTN_OK");
@@ -278,4 +346,5 @@ START_TEST(create_destroy_cpu) {
 END_TEST
 
 FATTN_SUITE("memory", FATTN_TEST_CPU, plan_llama8b_exact, plan_fp8_mla_and_graphs, plan_rejects_with_detail,
-            versioned_inputs_adapt, versioned_outputs_adapt, status_strings, create_destroy_cpu)
+            versioned_inputs_adapt, versioned_outputs_adapt, compute_dtype_checked, status_strings,
+            create_destroy_cpu)

@@ -112,6 +112,7 @@ START_TEST(latent_types_agree_with_the_kernel) {
       memset(&l, 0, sizeof l);
       l.num_q_heads = 16, l.num_kv_heads = 1, l.head_dim = 576, l.head_dim_v = 512, l.mla = 1;
       l.page_size = 64, l.window = FATTN_NO_WINDOW, l.q_dtype = Q[qi], l.kv_dtype = KV[ki];
+      l.compute_dtype = Q[qi];
       ck_assert_msg(admitted == !!fattn__fa2_supports(&l), "q dtype %d, latent %d: create %s, fa2 %s", (int)Q[qi],
                     (int)KV[ki], admitted ? "admits" : "refuses", fattn__fa2_supports(&l) ? "runs" : "does not");
     }

@@ -8,6 +8,11 @@
 # kernel would (e4m3 through torch's float8_e4m3fn, bf16 likewise), multiplies in float32 and
 # takes the softmax over whole rows (an online softmax differs from it by float32 rounding
 # alone). RMSE is over every element of O against the float64 oracle; it needs torch (CPU).
+#
+#   python3 tools/fp8_accuracy.py --gpu-test
+#
+# emulates instead the policy of fattn_config.compute_dtype FP8_E4M3 on the data of gpu_fa3's
+# fp8_compute cases (tests/gpu_fa2.c): the figures its tolerance is set from.
 import argparse
 import math
 
@@ -95,13 +100,116 @@ POLICIES = ["bf16", "fp8 per-tensor, P unscaled", "fp8 per-tensor, P x 448", "fp
             "fp8 Q tiles, K/V per layer + Hadamard, V too"]
 
 
+# ---- gpu_fa3's fp8_compute cases (tests/gpu_fa2.c, run_case): Q from N(0, 1.5^2) in q_dtype, K and
+# V from N(0, 1) stored in e4m3 and read at k_scale 0.75 / v_scale 1.25, softmax scale 1/sqrt(d).
+# Entries as the cases draw them (the longest of each mode, and short ones), under each option.
+GPU_ENTRIES = {  # mode: (q_len, kv_len, causal) entries
+    "prefill": [(1000, 1600, True), (129, 729, True), (17, 17, True), (2, 2, True), (1, 1, True)],
+    "verify": [(8, 4224, True), (64, 100, True), (3, 4, True), (1, 2, True)],
+    "draft_extend": [(8, 600, True), (3, 40, True), (2, 3, True)],
+    "cross": [(300, 4224, False), (40, 17, False), (7, 2, False), (7, 1, False)],
+}
+GPU_OPTIONS = ["none", "window", "chunk", "softcap", "sinks"]
+
+
+def q_round(x, qt):
+    return x.to(torch.bfloat16 if qt == "bf16" else torch.float16).to(torch.float64)
+
+
+def visible(q_len, kv_len, causal, option):
+    """[q_len, kv_len] mask of the slots each query sees (window 100, chunk 128 as the cases draw)."""
+    j = torch.arange(kv_len)[None, :]
+    i = (torch.arange(q_len) + kv_len - q_len)[:, None]
+    if not causal:
+        return torch.ones(q_len, kv_len, dtype=torch.bool)
+    m = j <= i
+    if option == "window":
+        m &= i - j <= 100
+    if option == "chunk":
+        m &= j // 128 == i // 128
+    return m
+
+
+def fp8_attend(q, k, v, mask, sm, cap, sink):
+    """The policy in float32: Q in e4m3 with a scale a 64-row tile and head, K and V the cache's
+    e4m3 values (scales applied after the GEMMs), P rounded to e4m3 unscaled against the row's
+    final max (a kernel's running max is at most that: its P are no smaller, their rounding no
+    coarser), the row sum from P before rounding; O in float32 (rounded to q_dtype by the caller)."""
+    rows = q.shape[1]
+    pad = (-rows) % 64
+    qp = torch.nn.functional.pad(q.float(), (0, 0, 0, pad)).reshape(q.shape[0], -1, 64, q.shape[2])
+    q8, sq = quant(qp, (-2, -1))
+    qd = (q8 * sq).reshape(q.shape[0], -1, q.shape[2])[:, :rows]
+    s = (qd @ (k.float() / 0.75).transpose(-1, -2)) * (0.75 * sm)
+    if cap:
+        s = cap * torch.tanh(s / cap)
+    s = s.masked_fill(~mask, -math.inf)
+    m = torch.maximum(s.amax(dim=-1, keepdim=True), sink[:, None, None].float())
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    p = torch.exp(s - m)
+    l = p.sum(dim=-1, keepdim=True) + torch.exp(sink[:, None, None].float() - m)
+    o = (e4m3(p) @ (v.float() / 1.25)) * 1.25 / l
+    return torch.where(l > 0, o, torch.zeros_like(o)), (m + torch.log(l)).squeeze(-1)
+
+
+def ref_attend(q, k, v, mask, sm, cap, sink):
+    s = (q @ k.transpose(-1, -2)) * sm
+    if cap:
+        s = cap * torch.tanh(s / cap)
+    s = s.masked_fill(~mask, -math.inf)
+    full = torch.cat([s, sink[:, None, None].expand(-1, s.shape[1], 1)], dim=-1)
+    lse = torch.logsumexp(full, dim=-1)
+    p = torch.exp(s - lse[..., None])
+    return torch.nan_to_num(p @ v), lse
+
+
+def gpu_test(seeds):
+    """A case may hold one entry, so each figure is the worst over single entries (RMSE over the
+    entry's O), the worst of any case's however many entries it holds."""
+    print("fp8 compute on gpu_fa3's fp8_compute data (Q N(0, 1.5^2), K 0.75 e4m3(N(0,1)), V 1.25 e4m3(N(0,1)),"
+          f" 2 q heads), {seeds} seeds; the worst entry of each mode")
+    print(f"{'d':>4s} {'mode':>12s} {'option':>8s} {'qt':>4s} {'RMSE':>9s} {'max abs':>9s} {'LSE rel':>9s}")
+    worst = [0.0, 0.0, 0.0]
+    for d, dv in ((64, 64), (96, 96), (128, 128), (192, 128), (192, 192), (256, 256)):
+        for mode, entries in GPU_ENTRIES.items():
+            for option in GPU_OPTIONS:
+                for qt in ("bf16", "fp16"):
+                    rmse = mx = le = 0.0
+                    for seed in range(seeds):
+                        gen = torch.Generator().manual_seed(seed)
+                        for q_len, kv_len, causal in entries:
+                            h = 2
+                            q = q_round(torch.randn(h, q_len, d, generator=gen, dtype=torch.float64) * 1.5, qt)
+                            k = 0.75 * e4m3(torch.randn(h, kv_len, d, generator=gen)).double()
+                            v = 1.25 * e4m3(torch.randn(h, kv_len, dv, generator=gen)).double()
+                            sink = (torch.rand(h, generator=gen, dtype=torch.float64) * 4 - 1 if option == "sinks"
+                                    else torch.full((h,), -math.inf, dtype=torch.float64))
+                            cap = 3.0 if option == "softcap" else 0.0
+                            mask = visible(q_len, kv_len, causal, option)
+                            o_ref, l_ref = ref_attend(q, k, v, mask, 1 / math.sqrt(d), cap, sink)
+                            o, lse = fp8_attend(q, k, v, mask, 1 / math.sqrt(d), cap, sink)
+                            o = q_round(o, qt)
+                            err = o - o_ref
+                            rmse = max(rmse, (err ** 2).mean().sqrt().item())
+                            mx = max(mx, err.abs().max().item())
+                            fin = torch.isfinite(l_ref)
+                            le = max(le, ((lse.double() - l_ref).abs() / (1 + l_ref.abs()))[fin].max().item())
+                    worst = [max(worst[0], rmse), max(worst[1], mx), max(worst[2], le)]
+                    print(f"{d:4d} {mode:>12s} {option:>8s} {qt:>4s} {rmse:9.2e} {mx:9.2e} {le:9.2e}")
+    print(f"worst: RMSE {worst[0]:.2e}, max abs {worst[1]:.2e}, LSE |err| / (1 + |LSE|) {worst[2]:.2e}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--gpu-test", action="store_true", help="gpu_fa3's fp8_compute cases instead")
     args = ap.parse_args()
+    if args.gpu_test:
+        gpu_test(args.seeds)
+        return
     print(f"fp8 attention policies on the CPU: seq {args.seq}, heads {args.heads}, d {args.d}, non-causal, "
           f"{args.seeds} seeds; RMSE of O against float64")
     print(f"{'policy':42s} {'no outliers':>12s} {'outliers 0.001':>15s}")

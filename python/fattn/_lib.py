@@ -86,7 +86,7 @@ class Config(Versioned):
                 ("max_encoder_len", c_uint32), ("prefill_backend", c_int),
                 ("decode_backend", c_int), ("max_splits", c_uint32), ("staging_slots", c_uint32),
                 ("num_graph_buckets", c_uint32), ("graph_buckets", POINTER(c_uint32)),
-                ("graph_modes", c_uint32), ("flags", c_uint32)]
+                ("graph_modes", c_uint32), ("flags", c_uint32), ("compute_dtype", c_int)]
     _defaults = {"q_dtype": DType.BF16, "kv_dtype": DType.BF16, "page_size": 16, "max_batch": 1,
                  "max_seq_len": 4096, "max_q_tokens": 4096}
 

@@ -61,8 +61,10 @@ def _build(config, model):
     config = dict(config)
     if config.get("device") == "cpu":
         config["device"] = _lib.DEVICE_CPU
-    for key, kind in (("q_dtype", DType), ("kv_dtype", DType), ("prefill_backend", _lib.Backend),
-                      ("decode_backend", _lib.Backend)):
+    if "compute_dtype" in config and config["compute_dtype"] in (None, 0):
+        del config["compute_dtype"]  # 0 or None: q_dtype's 16-bit MMAs (FATTN_CONFIG_INIT), no DType
+    for key, kind in (("q_dtype", DType), ("kv_dtype", DType), ("compute_dtype", DType),
+                      ("prefill_backend", _lib.Backend), ("decode_backend", _lib.Backend)):
         if key in config:
             config[key] = _enum(kind, f"config {key}", config[key])
     keep = []
@@ -117,6 +119,7 @@ class Context:
         self._ctx = ctx
         self.device = cfg.device
         self.dtype = DType(cfg.q_dtype)
+        self.compute_dtype = DType(cfg.compute_dtype or cfg.q_dtype)  # the prefill-side GEMMs' type
         self.spec_topk, self.spec_draft_tokens = cfg.spec_topk, cfg.spec_draft_tokens
         self.q_heads, self.kv_heads = mdl.num_q_heads, mdl.num_kv_heads
         self.head_dim, self.head_dim_v = mdl.head_dim, mdl.head_dim_v or mdl.head_dim

@@ -57,6 +57,39 @@ class WithoutTorch(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "config q_dtype: unknown DType 'fp32'"):
             fattn.Context(CONFIG, model=MODEL, q_dtype="fp32")
 
+    def test_compute_dtype(self):
+        FP8 = {"kv_dtype": "fp8_e4m3", "compute_dtype": "fp8_e4m3"}
+        for fields, want in (({}, fattn.DType.BF16), ({"compute_dtype": 0}, fattn.DType.BF16),
+                             ({"compute_dtype": None}, fattn.DType.BF16),
+                             ({"q_dtype": "fp16", "kv_dtype": "fp16", "compute_dtype": "fp16"},
+                              fattn.DType.FP16),
+                             (FP8, fattn.DType.FP8_E4M3),
+                             ({"kv_dtype": 3, "compute_dtype": fattn.DType.FP8_E4M3},
+                              fattn.DType.FP8_E4M3)):
+            with self.subTest(fields=fields), fattn.Context(CONFIG, model=MODEL, **fields) as ctx:
+                self.assertEqual(ctx.compute_dtype, want)
+                ctx.check()
+        # fp8 GEMMs read the fp8 cache as it is: the plan is the fp8 cache's
+        self.assertEqual(fattn.memory_plan(CONFIG, model=MODEL, **FP8),
+                         fattn.memory_plan(CONFIG, model=MODEL, kv_dtype="fp8_e4m3"))
+        # names and values fattn does not know fail before the C call
+        for value, text in (("fp32", "^config compute_dtype: unknown DType 'fp32'"),
+                            (7, "^config compute_dtype: unknown DType 7")):
+            with self.subTest(value=value), \
+                    mock.patch.object(_lib.lib, "fattn_create", side_effect=AssertionError("called")):
+                with self.assertRaisesRegex(ValueError, text):
+                    fattn.Context(CONFIG, model=MODEL, compute_dtype=value)
+        mla = {**MODEL, "num_q_heads": 16, "num_kv_heads": 1, "head_dim": 576, "head_dim_v": 512,
+               "mla_latent_dim": 512, "mla_rope_dim": 64}
+        for model, fields, text in (
+                (MODEL, {"compute_dtype": "fp16"}, "compute_dtype 2: a 16-bit compute_dtype must equal q_dtype 1"),
+                (MODEL, {"compute_dtype": "fp8_e4m3"}, "compute_dtype FP8_E4M3 needs kv_dtype FP8_E4M3 (kv_dtype 1)"),
+                (mla, FP8, "compute_dtype FP8_E4M3: not for MLA models")):
+            with self.subTest(text=text), self.assertRaises(fattn.FattnError) as e:
+                fattn.Context(CONFIG, model=model, **fields)
+            self.assertEqual(e.exception.status, fattn.Status.ERR_INVALID)
+            self.assertIn(text, e.exception.detail)
+
     def test_bad_sequence_ids_and_batches(self):
         with fattn.Context(CONFIG, model=MODEL) as ctx:
             s = ctx.open_seq()
@@ -183,6 +216,20 @@ class WithTorch(unittest.TestCase):
             self.assertTrue(torch.equal(lse_d[0].view(torch.int32), lse_p[13].view(torch.int32)))
             self.assertTrue(torch.isfinite(lse_d).all() and (lse_d != 0).all())
             self.assertTrue(out_d.abs().sum() > 0)
+
+    def test_fp8_compute_on_the_cpu_computes_as_before(self):
+        # the reference has no fp8 GEMMs: over the same fp8 cache, compute_dtype changes no bit
+        results = []
+        for compute in (0, "fp8_e4m3"):
+            self.ctx.close(force=True)
+            self.ctx = fattn.Context(CONFIG, model=MODEL, kv_dtype="fp8_e4m3", compute_dtype=compute)
+            s = self.ctx.open_seq()
+            self.ctx.reserve(s, 14)
+            results.append(self.step("prefill", s, 0, 14))
+        for (out_a, lse_a), (out_b, lse_b) in zip(*results):
+            self.assertTrue(torch.equal(out_a.view(torch.int16), out_b.view(torch.int16)))
+            self.assertTrue(torch.equal(lse_a.view(torch.int32), lse_b.view(torch.int32)))
+            self.assertTrue(out_a.abs().sum() > 0)
 
     def test_bad_tensors_fail_before_the_call(self):
         s = self.ctx.open_seq()
