@@ -71,27 +71,25 @@ static inline uint32_t fa3__tile_slots(uint32_t head_dim, uint32_t head_dim_v, i
 template <int DK, int DV, bool E4> struct fa3__row;
 #define FA3__O_pair false
 #define FA3__O_quad true
-#define FA3__ROW_TRAITS(DK, DV, BN_, ST_, ST8_, P, C, SM, O)                   \
-  template <> struct fa3__row<DK, DV, false> {                               \
+#define FA3__ROW_TRAITS(E4, DK, DV, BN_, ST_, ST8_, P, C, SM, O)               \
+  template <> struct fa3__row<DK, DV, E4> {                                  \
     static constexpr int BN = BN_, ST = ST_, ST8 = ST8_, P_REGS = P, C_REGS = C; \
     static constexpr bool QUAD_O = FA3__O_##O;                               \
     template <int N> using softmax = fa3__softmax_##SM<N>;                   \
   };
-FA3__TABLE(FA3__ROW_TRAITS)
+#define FA3__ROW_16(...) FA3__ROW_TRAITS(false, __VA_ARGS__)
+#define FA3__ROW_E4(DK, DV, BN, ST, P, C, SM, O) FA3__ROW_TRAITS(true, DK, DV, BN, ST, ST, P, C, SM, O)
+FA3__TABLE(FA3__ROW_16)
+FA3__TABLE_E4M3(FA3__ROW_E4)
+#undef FA3__ROW_E4
+#undef FA3__ROW_16
 #undef FA3__ROW_TRAITS
-#define FA3__E4_ROW_TRAITS(DK, DV, BN_, ST_, P, C, SM, O)                      \
-  template <> struct fa3__row<DK, DV, true> {                                \
-    static constexpr int BN = BN_, ST = ST_, ST8 = ST_, P_REGS = P, C_REGS = C; \
-    static constexpr bool QUAD_O = FA3__O_##O;                               \
-    template <int N> using softmax = fa3__softmax_##SM<N>;                   \
-  };
-FA3__TABLE_E4M3(FA3__E4_ROW_TRAITS)
-#undef FA3__E4_ROW_TRAITS
 
 /* The shapes a kernel derives from its row. 16-bit operands: a row of a slab is 64 dims
  * (128 bytes); e4m3: 128 dims, so DK pads to whole 128-byte slabs (the S GEMM reads only the
- * DK / 32 k-steps that hold dims), V is transposed into a stage as [DV][BN bytes] (BN is 128:
- * one swizzled row a dim) from a landing area (RAW) that TMA or the gather fills. */
+ * DK / 32 k-steps that hold dims), V is transposed into a stage as [DV][BN bytes] (one
+ * swizzled row a dim: 128- or 64-byte swizzle) from a landing area (RAW) that TMA or the
+ * gather fills. */
 template <int DK, int DV, int KV> struct fa3__cfg {
   static constexpr bool F8 = KV != FA3__KV_16BIT, E4 = KV == FA3__KV_E4M3;
   using R = fa3__row<DK, DV, E4>;
