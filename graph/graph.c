@@ -58,10 +58,15 @@ static int bucket_for(const fattn_ctx *ctx, uint32_t requests) {
   return -1;
 }
 
-static fattn_status check_mode(fattn_ctx *ctx, fattn_mode mode, const char *call) {
+/* Every graph call: a context on a CUDA device, that device current. */
+static fattn_status check_device(fattn_ctx *ctx, const char *call) {
   if (!ctx) return FATTN_ERR_INVALID;
   if (ctx->n.on_cpu) return fattn__fail(ctx, FATTN_ERR_UNSUPPORTED, "%s: graphs need a CUDA device", call);
-  fattn_status st = fattn__on_device(ctx, call);
+  return fattn__on_device(ctx, call);
+}
+
+static fattn_status check_mode(fattn_ctx *ctx, fattn_mode mode, const char *call) {
+  fattn_status st = check_device(ctx, call);
   if (st) return st;
   if (mode < FATTN_MODE_PREFILL || mode > FATTN_MODE_COUNT || !(ctx->n.cfg.graph_modes & (1u << mode)))
     return fattn__fail(ctx, FATTN_ERR_INVALID, "%s: mode %d has no graph buffers (config graph_modes 0x%x)", call,
@@ -116,12 +121,13 @@ static fattn_status capture_failed(fattn_ctx *ctx, const char *call, fattn_mode 
                      mode, g->requests, cudaGetErrorString(e), inner[0] ? "; " : "", inner);
 }
 
-/* The bucket of batch_size for call, or FATTN_ERR_INVALID naming batch_size. */
-static fattn_status bucket_of_size(fattn_ctx *ctx, fattn_mode mode, uint32_t batch_size, const char *call,
-                                   fattn__graph_slot **g) {
-  int b = bucket_for(ctx, batch_size);
-  if (batch_size == 0 || b < 0)
-    return fattn__fail(ctx, FATTN_ERR_INVALID, "%s: batch_size %u: must be in 1..max_batch %u", call, batch_size,
+/* The bucket of `size` requests for call, or FATTN_ERR_INVALID naming the argument (arg) that
+ * gave the size. */
+static fattn_status bucket_of_size(fattn_ctx *ctx, fattn_mode mode, uint32_t size, const char *call,
+                                   const char *arg, fattn__graph_slot **g) {
+  int b = bucket_for(ctx, size);
+  if (size == 0 || b < 0)
+    return fattn__fail(ctx, FATTN_ERR_INVALID, "%s: %s %u: must be in 1..max_batch %u", call, arg, size,
                        ctx->n.cfg.max_batch);
   *g = slot_of(ctx, mode, (uint32_t)b);
   return FATTN_OK;
@@ -133,7 +139,7 @@ fattn_status fattn_graph_capture(fattn_ctx *ctx, fattn_mode mode, uint32_t batch
   if (st) return st;
   if (!fn) return fattn__fail(ctx, FATTN_ERR_INVALID, "fattn_graph_capture: fn is required");
   fattn__graph_slot *g;
-  if ((st = bucket_of_size(ctx, mode, batch_size, "fattn_graph_capture", &g))) return st;
+  if ((st = bucket_of_size(ctx, mode, batch_size, "fattn_graph_capture", "batch_size", &g))) return st;
   cudaStream_t s;
   cudaGraph_t graph = NULL;
   cudaGraphExec_t exec = NULL;
@@ -163,7 +169,7 @@ fattn_status fattn_graph_begin(fattn_ctx *ctx, fattn_mode mode, uint32_t batch_s
   fattn_status st = check_mode(ctx, mode, "fattn_graph_begin");
   if (st) return st;
   fattn__graph_slot *g;
-  if ((st = bucket_of_size(ctx, mode, batch_size, "fattn_graph_begin", &g))) return st;
+  if ((st = bucket_of_size(ctx, mode, batch_size, "fattn_graph_begin", "batch_size", &g))) return st;
   enum cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   cudaError_t e = cudaStreamIsCapturing((cudaStream_t)stream, &status);
   if (e != cudaSuccess || status != cudaStreamCaptureStatusActive) {
@@ -183,9 +189,7 @@ fattn_status fattn_graph_begin(fattn_ctx *ctx, fattn_mode mode, uint32_t batch_s
 }
 
 fattn_status fattn_graph_end(fattn_ctx *ctx) {
-  if (!ctx) return FATTN_ERR_INVALID;
-  if (ctx->n.on_cpu) return fattn__fail(ctx, FATTN_ERR_UNSUPPORTED, "fattn_graph_end: graphs need a CUDA device");
-  fattn_status st = fattn__on_device(ctx, "fattn_graph_end");
+  fattn_status st = check_device(ctx, "fattn_graph_end");
   if (st) return st;
   fattn__graph_slot *g = ctx->capture.slot;
   if (!g) return fattn__fail(ctx, FATTN_ERR_STATE, "fattn_graph_end: no capture is open (fattn_graph_begin first)");
@@ -202,13 +206,10 @@ static fattn_status bucket_of_batch(fattn_ctx *ctx, const fattn_batch *batch, co
   if (!ctx) return FATTN_ERR_INVALID;
   fattn_batch local;
   fattn_status st = fattn__batch_in(ctx, batch, &local, &batch);
-  if (st || (st = check_mode(ctx, batch->mode, call))) return st;
-  int b = bucket_for(ctx, batch->num_seqs);
-  if (b < 0 || batch->num_seqs == 0)
-    return fattn__fail(ctx, FATTN_ERR_INVALID, "%s: num_seqs %u: must be in 1..max_batch %u", call, batch->num_seqs,
-                       ctx->n.cfg.max_batch);
+  if (st || (st = check_mode(ctx, batch->mode, call)) ||
+      (st = bucket_of_size(ctx, batch->mode, batch->num_seqs, call, "num_seqs", g)))
+    return st;
   *mode = batch->mode;
-  *g = slot_of(ctx, batch->mode, (uint32_t)b);
   *target = (fattn__plan_target){(*g)->area, (*g)->requests * entries_per_request(ctx, batch->mode),
                                  q_per_entry(ctx, batch->mode), (*g)->box};
   return FATTN_OK;
