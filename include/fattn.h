@@ -183,7 +183,7 @@ typedef struct fattn_config {
 } fattn_config;
 #define FATTN_CONFIG_INIT                                                        \
   {sizeof(fattn_config), 0, FATTN_DTYPE_BF16, FATTN_DTYPE_BF16, 16, 0, 0, 0, 1, \
-   4096, 4096, 0, 0, 0, 0, FATTN_BACKEND_AUTO, FATTN_BACKEND_AUTO, 0, 0, 0, NULL, 0, 0, 0}
+   4096, 4096, 0, 0, 0, 0, FATTN_BACKEND_AUTO, FATTN_BACKEND_AUTO, 0, 0, 0, NULL, 0, 0, (fattn_dtype)0}
 
 /* ---------------------------------------------------------- memory plan */
 
