@@ -35,7 +35,8 @@ __global__ void __launch_bounds__(384, 1)
       fa3__bar_init(&sm->empty_k[s], 8); /* one arrive a consumer warp */
       fa3__bar_init(&sm->empty_v[s], 8);
     }
-    fa3__bar_init(&sm->raw_full, 1);
+    fa3__bar_init(&sm->raw_full[0], 1);
+    fa3__bar_init(&sm->raw_full[1], 1);
     for (int s = 0; s < FA3__SCHED_SLOTS; s++) {
       fa3__bar_init(&sm->sched_full[s], 1);
       fa3__bar_init(&sm->sched_empty[s], 8);

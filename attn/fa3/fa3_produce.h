@@ -30,7 +30,25 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
   const uint32_t psm = (1u << a.k.ps_shift) - 1u, num_pairs = a.k.s.hdr->num_pairs;
   const uint32_t work = fa3__work(a, num_pairs);
   fa3__ring<ST> at; /* the next block's stage */
-  uint32_t raw_phase = 0u; /* e4m3: raw_full's parity for the next TMA landing */
+  /* e4m3: V of a TMA block lands in raw slot n % 2 (its n-th landing) and is transposed into
+   * its stage only once the next block's K and V are issued, so that its landing's latency
+   * runs under that issue and not on the producer's path; `pend` is that block. */
+  uint32_t raw_n = 0u;
+  struct {
+    bool on;
+    uint32_t n, stage, phase;
+  } pend = {false, 0u, 0u, 0u};
+  auto finish = [&]() { /* the pending block's V^T, into its stage, signalled on full_v */
+    if (!pend.on) return;
+    const uint32_t slot = pend.n & 1u;
+    fa3__wait(&sm->raw_full[slot], (pend.n >> 1) & 1u);
+    fa3__wait(&sm->empty_v[pend.stage], pend.phase ^ 1u);
+    fa3__transpose_v<DV, BN>(sm->raw + slot * C::RAW_SLOT, sm->kv[pend.stage] + C::K_BYTES, tid);
+    fa3__fence_async();
+    fa3__sync(FA3__BAR_PRODUCER, 128); /* V^T whole, the slot free again */
+    if (tid == 0u) fa3__arrive(&sm->full_v[pend.stage]);
+    pend.on = false;
+  };
   for (uint32_t k = 0;; k++) {
     /* Inside the loop: posted before it, the first item tipped the consumers' registers into
      * spilling (ptxas allocates the whole kernel at once). */
@@ -38,7 +56,10 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
     fa3__sync(FA3__BAR_PRODUCER, 128); /* item k is posted */
     /* the slot is written again for item k + 4, posted during item k + 3: past three more of these barriers */
     const uint32_t slot = k % FA3__SCHED_SLOTS, cur = sm->ring_w[slot];
-    if (cur >= work) break;
+    if (cur >= work) {
+      if constexpr (E4) finish();
+      break;
+    }
     fa3__tile t;
     fa3__tile_of<BN>(a, cur, sm->ring_entry[slot], num_pairs, &t);
     const uint32_t kvh = t.hq / G;
@@ -65,21 +86,21 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
             fa3__tma3(kd + sl * C::KV_SLAB + lane * pb * 128u, tk, sl * SLAB_DIMS, (int)kvh, row, &sm->full_k[s]);
         }
         if constexpr (E4) {
-          /* raw is free: the last transposition ended on the producer's barrier */
-          if (tid == 0u) fa3__arrive_tx(&sm->raw_full, C::RAW);
+          /* the slot's last landing, two back, was transposed when the block after it was issued */
+          const uint32_t rs = raw_n & 1u;
+          if (tid == 0u) fa3__arrive_tx(&sm->raw_full[rs], C::RAW_SLOT);
           __syncwarp();
           if (mine) {
 #pragma unroll
             for (int sl = 0; sl < C::SV; sl++)
-              fa3__tma3(sm->raw + sl * C::KV_SLAB + lane * pb * 128u, tv, sl * SLAB_DIMS, (int)kvh, row, &sm->raw_full);
+              fa3__tma3(sm->raw + rs * C::RAW_SLOT + sl * C::KV_SLAB + lane * pb * 128u, tv, sl * SLAB_DIMS, (int)kvh,
+                        row, &sm->raw_full[rs]);
           }
-          fa3__wait(&sm->raw_full, raw_phase);
-          raw_phase ^= 1u;
-          fa3__wait(&sm->empty_v[s], ph ^ 1u);
-          fa3__transpose_v<DV, BN>(sm->raw, vd, tid);
-          fa3__fence_async();
-          fa3__sync(FA3__BAR_PRODUCER, 128); /* V^T whole, raw free again */
-          if (tid == 0u) fa3__arrive(&sm->full_v[s]);
+          finish();
+          pend.on = true;
+          pend.n = raw_n++;
+          pend.stage = s;
+          pend.phase = ph;
           return;
         }
         fa3__wait(&sm->empty_v[s], ph ^ 1u);
@@ -99,8 +120,9 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
       if (ok) slot = (size_t)(((uint32_t)pt[j >> a.k.ps_shift] << a.k.ps_shift) + (j & psm)) * nkv + kvh;
       const char *ks = (const char *)a.k.l.k_pool + slot * d * EB, *vs = (const char *)a.k.l.v_pool + slot * dv * EB;
       if constexpr (E4) {
-        /* K straight into the stage, V into raw, then V^T; fenced here, as the consumers fence
-         * only gathered K (fa3__by_tma) */
+        /* K straight into the stage, V into raw (no landing in flight once the pending block is
+         * done), then V^T; fenced here, as the consumers fence only gathered K (fa3__by_tma) */
+        finish();
         fa3__wait(&sm->empty_k[s], ph ^ 1u);
         fa3__wait(&sm->empty_v[s], ph ^ 1u);
 #pragma unroll 4

@@ -39,7 +39,7 @@
   X(64, 64, 128, 4, 56, 224, exact, pair)         \
   X(128, 128, 128, 4, 56, 224, exact, pair)       \
   X(192, 128, 64, 4, 56, 224, lazy, pair)         \
-  X(192, 192, 64, 4, 56, 224, lazy, pair)         \
+  X(192, 192, 64, 3, 56, 224, lazy, pair)         \
   X(256, 256, 64, 4, 40, 232, lazy, quad)
 
 /* A head dim rounded up to the 64-dim slabs of the tiles. */
@@ -104,7 +104,8 @@ template <int DK, int DV, int KV> struct fa3__cfg {
   static constexpr int K_BYTES = SK * KV_SLAB;    /* [slab][BN][128 B] */
   static constexpr int V_BYTES = E4 ? DV * BN : SV * KV_SLAB; /* e4m3: [DV][BN B], else as K */
   static constexpr int STAGE = K_BYTES + V_BYTES;
-  static constexpr int RAW = KV == FA3__KV_WIDEN ? BN * (DK + DV) : E4 ? SV * KV_SLAB : 8;
+  static constexpr int RAW_SLOT = SV * KV_SLAB;   /* e4m3: one block's V as landed */
+  static constexpr int RAW = KV == FA3__KV_WIDEN ? BN * (DK + DV) : E4 ? 2 * RAW_SLOT : 8;
   using softmax = typename R::template softmax<BN>;
   static_assert(P_REGS + 2 * C_REGS <= 504, "the consumers ask for more registers than the producer frees");
   static_assert(!E4 || BN == 64 || BN == 128, "e4m3 V^T rows are one 64- or 128-byte swizzle row");
@@ -116,10 +117,10 @@ template <int DK, int DV, int KV> struct fa3__smem {
   using C = fa3__cfg<DK, DV, KV>;
   char q[2][C::Q_WG];         /* consumer c's 64 query rows, [slab][64][128 B] */
   char kv[C::ST][C::STAGE];   /* the ring: K [slab][BN][128 B], then V (e4m3: V^T) */
-  char raw[C::RAW];           /* fp8: the producer's landing area */
+  char raw[C::RAW];           /* fp8: the producer's landing area (e4m3: two slots) */
   uint64_t full_k[C::ST], full_v[C::ST];   /* a stage's K / V landed (producer arrives) */
   uint64_t empty_k[C::ST], empty_v[C::ST]; /* a stage's K / V read (one arrive a consumer warp) */
-  uint64_t raw_full;                       /* e4m3: a block's V landed in raw (TMA) */
+  uint64_t raw_full[2];                    /* e4m3: a block's V landed in raw slot i (TMA) */
   uint64_t sched_full[FA3__SCHED_SLOTS], sched_empty[FA3__SCHED_SLOTS]; /* the scheduler's ring */
   uint32_t ring_w[FA3__SCHED_SLOTS], ring_entry[FA3__SCHED_SLOTS];      /* its slots: work item, entry */
   float q_amax[2][4];                      /* e4m3: each consumer warp's |Q| max of a tile */
