@@ -30,10 +30,11 @@
   X(256, 256, 64, 2, 2, 40, 232, lazy, quad)
 
 /* The e4m3 kernels' rows (fattn_config.compute_dtype FP8_E4M3), same columns but one ring
- * depth: BN 128 at every head dim, since a transposed V row is BN bytes and fp8 P is half the
- * registers of 16-bit P (FlashAttention-3's fp8 tiles are 128 slots or more). Stages fill
- * 227 KB with Q staged in 16 bits and V's landing area. The producer, which transposes V, gets
- * 56 registers (40 spilled); d 256's consumers hold S (64), O (128) and P (16) and take 240. */
+ * depth. A transposed V row is BN bytes: 128 slots at d 64 and 128 (the 128-byte swizzle), 64
+ * at d 192 and 256 (the 64-byte swizzle), where S, O and P of 128 slots would not fit a
+ * consumer's registers (at d 256 they spilled 540 bytes). Stages fill 227 KB beside Q, staged
+ * in 16 bits, and V's two landing slots. The producer transposes V: 56 registers where the
+ * consumers fit 224, 40 at d 256 (ptxas -v; docs/performance.md has the spills). */
 #define FA3__TABLE_E4M3(X)                    \
   /* DK   DV   BN  ST  P    C   softmax  O */   \
   X(64, 64, 128, 4, 56, 224, exact, pair)         \
