@@ -38,14 +38,19 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
     bool on;
     uint32_t n, stage, phase;
   } pend = {false, 0u, 0u, 0u};
+  /* e4m3: V landed in src written transposed into stage s, fenced for wgmma; on return the
+   * stage's V^T is whole and src free again */
+  auto write_vt = [&](const char *src, uint32_t s) {
+    fa3__transpose_v<DV, BN>(src, sm->kv[s] + C::K_BYTES, tid);
+    fa3__fence_async();
+    fa3__sync(FA3__BAR_PRODUCER, 128);
+  };
   auto finish = [&]() { /* the pending block's V^T, into its stage, signalled on full_v */
     if (!pend.on) return;
     const uint32_t slot = pend.n & 1u;
     fa3__wait(&sm->raw_full[slot], (pend.n >> 1) & 1u);
     fa3__wait(&sm->empty_v[pend.stage], pend.phase ^ 1u);
-    fa3__transpose_v<DV, BN>(sm->raw + slot * C::RAW_SLOT, sm->kv[pend.stage] + C::K_BYTES, tid);
-    fa3__fence_async();
-    fa3__sync(FA3__BAR_PRODUCER, 128); /* V^T whole, the slot free again */
+    write_vt(sm->raw + slot * C::RAW_SLOT, pend.stage);
     if (tid == 0u) fa3__arrive(&sm->full_v[pend.stage]);
     pend.on = false;
   };
@@ -134,9 +139,7 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
         fa2__commit();
         fa2__wait<0>();
         fa3__sync(FA3__BAR_PRODUCER, 128);
-        fa3__transpose_v<DV, BN>(sm->raw, vd, tid);
-        fa3__fence_async();
-        fa3__sync(FA3__BAR_PRODUCER, 128); /* the stage is whole, and raw free again */
+        write_vt(sm->raw, s);
         if (tid == 0) {
           fa3__arrive(&sm->full_k[s]);
           fa3__arrive(&sm->full_v[s]);
