@@ -6,7 +6,8 @@
 # `peers.py mla` times FlashInfer's absorbed-MLA decode (BatchMLAPagedAttentionWrapper, backend auto: fa3
 # on SM90) on DeepSeek-V3 shapes (heads 128 / 16, latent 512 + rope 64, page 64, bf16, q_len 1 and 2)
 # against build/mla.csv; not part of `all`. `peers.py fp8` times FlashAttention-3 in fp8 beside its bf16
-# on the paper table and measures both one's RMSE on its accuracy setup (fattn's fp8 bars). Without network or JIT time, install FlashInfer 0.5.3 from
+# and cuDNN's fp8 SDPA (cudnn-frontend, installed from .gpu/fi) on the paper table, and measures
+# FlashAttention-3's and fattn's RMSE on its accuracy setup (fattn's fp8 bars). Without network or JIT time, install FlashInfer 0.5.3 from
 # .gpu/fi (INSTALL.sh: its wheels and the prebuilt sm_90a MLA modules) first.
 # Timing as fattn-bench's: gpu (default) queues each timed call behind a ~200 us spin
 # (torch.cuda._sleep), so that the events time the GPU's work and not PyTorch's host path;
@@ -208,15 +209,19 @@ def prefill():
               f"{fmt(rate['FA4'])} {fmt(rate['FI'])} {fmt(f)} {fmt(f3)} {ratio} {frac}")
 
 
-def fa3_fp8(q, k, v, causal, amax_scales=False):
+def fa3_fp8(q, k, v, causal, scales="one"):
     """FlashAttention-3's fp8 forward on [bs, heads, seq, d] tensors: each of q, k, v quantised to
-    e4m3 with one scale a (batch, kv head) (its descale tensors' granularity), amax to 448 with
-    amax_scales, else 1 (for timing, on inputs within e4m3's range)."""
+    e4m3 with one scale a (batch, kv head) (its descale tensors' granularity). scales: "one" (for
+    timing, on inputs within e4m3's range), "head" (amax / 448 of each (batch, kv head)), or
+    "layer" (k and v at one amax / 448 over the whole tensor, as an fp8 cache's layer scale
+    stores them; q still a head)."""
     bs, hkv = q.shape[0], k.shape[1]
     parts = []
-    for x in (q, k, v):
-        if not amax_scales:
+    for i, x in enumerate((q, k, v)):
+        if scales == "one":
             s = torch.ones(bs, hkv, device=x.device, dtype=torch.float32)
+        elif scales == "layer" and i > 0:
+            s = (x.abs().amax().float() / 448.0).clamp_min(1e-12).expand(bs, hkv)
         else:  # q's heads share their kv head's scale: the amax over the group
             g = x.reshape(bs, hkv, -1).abs().amax(dim=-1).float()
             s = (g / 448.0).clamp_min(1e-12)
@@ -225,6 +230,51 @@ def fa3_fp8(q, k, v, causal, amax_scales=False):
         parts.append((xs.transpose(1, 2).contiguous().to(torch.float8_e4m3fn), s.contiguous()))
     (q8, qs), (k8, ks), (v8, vs) = parts
     return lambda: FA3_FUNC(q8, k8, v8, causal=causal, q_descale=qs, k_descale=ks, v_descale=vs)
+
+
+_CUDNN_FP8 = {}
+
+
+def cudnn_fp8(q, k, v, causal):
+    """cuDNN's fp8 SDPA (cudnn-frontend's sdpa_fp8 graph, over the cuDNN PyTorch loaded) on
+    [bs, heads, seq, d] tensors cast to e4m3 at unit scales (timing only: on Hopper its O is
+    e4m3 too). None, with the reason printed, where the frontend or the engine is missing."""
+    try:
+        import cudnn
+    except Exception as e:
+        print(f"    (cuDNN fp8: cudnn-frontend not importable: {type(e).__name__})")
+        return None
+    e4m3, f32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
+    q8, k8, v8 = (x.to(torch.float8_e4m3fn).contiguous() for x in (q, k, v))
+    o8 = torch.empty_like(q8)
+    one = torch.ones(1, 1, 1, 1, device="cuda", dtype=torch.float32)
+    amax = [torch.empty(1, 1, 1, 1, device="cuda", dtype=torch.float32) for _ in range(2)]
+    try:
+        if "handle" not in _CUDNN_FP8:
+            _CUDNN_FP8["handle"] = cudnn.create_handle()
+        handle = _CUDNN_FP8["handle"]
+        cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
+        g = cudnn.pygraph(io_data_type=e4m3, intermediate_data_type=f32, compute_data_type=f32, handle=handle)
+        tq, tk, tv = (g.tensor(dim=list(x.shape), stride=list(x.stride()), data_type=e4m3) for x in (q8, k8, v8))
+        sc = [g.tensor(dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=f32) for _ in range(6)]
+        o, _, amax_s, amax_o = g.sdpa_fp8(q=tq, k=tk, v=tv, descale_q=sc[0], descale_k=sc[1], descale_v=sc[2],
+                                          descale_s=sc[3], scale_s=sc[4], scale_o=sc[5], generate_stats=False,
+                                          attn_scale=q.shape[-1] ** -0.5, use_causal_mask=causal)
+        o.set_output(True).set_dim(list(o8.shape)).set_stride(list(o8.stride())).set_data_type(e4m3)
+        for a in (amax_s, amax_o):
+            a.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(f32)
+        g.validate()
+        g.build_operation_graph()
+        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        g.check_support()
+        g.build_plans()
+        ws = torch.empty(max(g.get_workspace_size(), 1), device="cuda", dtype=torch.uint8)
+    except Exception as e:
+        print(f"    (cuDNN fp8: {type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''})")
+        return None
+    pack = {tq: q8, tk: k8, tv: v8, o: o8, amax_s: amax[0], amax_o: amax[1]}
+    pack.update({t: one for t in sc})
+    return lambda: g.execute(pack, ws, handle=handle)
 
 
 def fattn_cross(q, k, v, fp8):
@@ -260,16 +310,21 @@ def fp8():
     if FA3_FUNC is None:
         print("fp8: the fa3_fwd wheel is not importable: nothing to compare")
         return
-    print("fp8, FA3 paper setup (16k tokens, hidden 2048), TFLOP/s: FlashAttention-3 bf16 and fp8 (e4m3 q, k, v)")
-    print(f"{'d':>4} {'seq':>6} {'causal':>6} {'FA3 bf16':>9} {'FA3 fp8':>9} {'fp8/bf16':>9}")
+    print("fp8, FA3 paper setup (16k tokens, hidden 2048), TFLOP/s: FlashAttention-3 bf16 and fp8 (e4m3 q, k, v),"
+          " cuDNN fp8 (e4m3 in and out)")
+    print(f"{'d':>4} {'seq':>6} {'causal':>6} {'FA3 bf16':>9} {'FA3 fp8':>9} {'fp8/bf16':>9} {'cuDNN fp8':>9}")
     for d, seq, bs, causal, flops, q, k, v in paper_rows():
         t16 = try_time(flash(FA3_FUNC, q, k, v, causal))
         t8 = try_time(fa3_fp8(q, k, v, causal))
-        r16, r8 = (flops / (ms / 1e3) / 1e12 if ms else None for ms in (t16, t8))
+        tc = try_time(cudnn_fp8(q, k, v, causal))
+        r16, r8, rc = (flops / (ms / 1e3) / 1e12 if ms else None for ms in (t16, t8, tc))
         ratio = f"{r8 / r16:9.2f}" if r8 and r16 else "      n/a"
-        print(f"{d:4} {seq:6} {str(causal):>6} {fmt(r16):>9} {fmt(r8):>9} {ratio}")
+        print(f"{d:4} {seq:6} {str(causal):>6} {fmt(r16):>9} {fmt(r8):>9} {ratio} {fmt(rc):>9}")
     print("fp8 accuracy: bs 1, 16 heads, seq 2048, non-causal; RMSE of O against float64")
-    print(f"{'d':>4} {'outliers':>9} {'FA3 bf16':>10} {'FA3 fp8':>10} {'fattn bf16':>10} {'fattn fp8':>10}")
+    print("FA3 fp8: q, k, v at a scale a head; FA3 fp8 layer: k and v at one scale a tensor, the bytes fattn's"
+          " fp8 cache holds")
+    print(f"{'d':>4} {'outliers':>9} {'FA3 bf16':>10} {'FA3 fp8':>10} {'FA3 fp8 layer':>13} {'fattn bf16':>10} "
+          f"{'fattn fp8':>10}")
     gen = torch.Generator(device="cuda").manual_seed(0)
     for d in (128, 256):
         for share in (0.0, 0.001):
@@ -282,10 +337,11 @@ def fp8():
             q, k, v = qkv
             ref = torch.softmax(q @ k.transpose(-1, -2) / d**0.5, dim=-1) @ v  # [bs, h, seq, d]
             rmse = {}
-            for name in ("bf16", "fp8"):
+            for name in ("bf16", "fp8", "fp8 layer"):
                 qb, kb, vb = (x.to(torch.bfloat16) for x in (q, k, v))
                 try:
-                    fn = flash(FA3_FUNC, qb, kb, vb, False) if name == "bf16" else fa3_fp8(qb, kb, vb, False, amax_scales=True)
+                    fn = (flash(FA3_FUNC, qb, kb, vb, False) if name == "bf16" else
+                          fa3_fp8(qb, kb, vb, False, scales="head" if name == "fp8" else "layer"))
                     out = fn()
                     out = (out[0] if isinstance(out, tuple) else out).transpose(1, 2).double()
                     rmse[name] = ((out - ref) ** 2).mean().sqrt().item()
@@ -298,8 +354,9 @@ def fp8():
                 except Exception as e:
                     print(f"    ({name}: {type(e).__name__}: {str(e).splitlines()[0][:100]})")
                     rmse[name] = None
-            cols = " ".join(f"{x:10.2e}" if x is not None else f"{'n/a':>10}"
-                            for x in (rmse["bf16"], rmse["fp8"], rmse["fattn bf16"], rmse["fattn fp8"]))
+            cols = " ".join(f"{x:{w}.2e}" if x is not None else f"{'n/a':>{w}}"
+                            for x, w in ((rmse["bf16"], 10), (rmse["fp8"], 10), (rmse["fp8 layer"], 13),
+                                         (rmse["fattn bf16"], 10), (rmse["fattn fp8"], 10)))
             print(f"{d:4} {share:9.3f} {cols}")
 
 
@@ -459,12 +516,13 @@ def mla():
 
 def one(name, d, seq, causal):
     """Runs one peer on one prefill shape of the paper setup five times (for ncu); FA3fp8 is
-    FlashAttention-3 on e4m3 q, k, v."""
+    FlashAttention-3 on e4m3 q, k, v, cudnnfp8 cuDNN's fp8 SDPA graph."""
     bs, h = 16384 // seq, 2048 // d
     q = torch.randn(bs, h, seq, d, device="cuda", dtype=torch.bfloat16)
     k, v = torch.randn_like(q), torch.randn_like(q)
     fn = {"FA3": lambda: flash(FA3_FUNC, q, k, v, causal), "FA4": lambda: flash(FA4_FUNC, q, k, v, causal),
-          "FA3fp8": lambda: fa3_fp8(q, k, v, causal)}.get(name, lambda: sdpa(name, q, k, v, causal))()
+          "FA3fp8": lambda: fa3_fp8(q, k, v, causal),
+          "cudnnfp8": lambda: cudnn_fp8(q, k, v, causal)}.get(name, lambda: sdpa(name, q, k, v, causal))()
     for _ in range(5):
         fn()
     torch.cuda.synchronize()
