@@ -45,14 +45,17 @@ __device__ __forceinline__ void mla90__produce(const fa2__args &a, const CUtenso
  * softmax of block i: the max and rescale factor alpha_i go to shared memory for the other,
  * P_i (in T) into the one P buffer once both consumers' P V of block i - 1 have completed
  * (PFREE from the other; its own by waiting). Both consumers then rescale their half of O by
- * alpha_i and add P_i V_i[:, their 256 dims]. The owner of block i + 1 issues S_{i+1} before
- * it waits for block i's max, so that GEMM runs under block i's softmax. Consumer c's order,
- * for its own block i:
+ * alpha_i and add P_i V_i[:, their 256 dims]. The owner of block i finishes block i - 1 (its
+ * P V completed, its stage freed) before it waits for block i to land, so that with two
+ * stages the producer's load of block i + 1 runs while block i is computed; waiting for
+ * block i first (to issue S_i under the other's softmax) held stage i - 1 until block i had
+ * landed, one load in flight at most. Consumer c's order, for its own block i:
  *   1. its P V of block i - 2 completed: frees that stage and arrives PFREE + c (i >= 2);
- *   2. S_i issued once the stage landed;
- *   3. block i - 1's max, alpha and row sum (MAX + other): O rescaled, P_{i-1} V_{i-1} issued;
- *   4. S_i completed: the softmax of block i;
- *   5. P V of block i - 1 completed, its own and (PFREE + other) the other's: frees the stage;
+ *   2. block i - 1's max, alpha and row sum (MAX + other): O rescaled, P_{i-1} V_{i-1} issued
+ *      and completed, the stage of block i - 1 freed;
+ *   3. S_i issued once the stage landed, and completed;
+ *   4. the softmax of block i;
+ *   5. the other's P V of block i - 1 completed (PFREE + other);
  *   6. P_i and the row sum through block i written, MAX + c arrived;
  *   7. O rescaled by alpha_i, P_i V_i issued.
  * The tail does the last block's P V on the consumer that did not own it. Row sums l run
@@ -166,19 +169,20 @@ __device__ __forceinline__ void mla90__consume(const fa2__args &a, const mla90__
       release(i - 2u);
       fa3__arrive_bar(MLA90__BAR_PFREE + c, 256);
     }
-    ready(i); /* 2 */
-    fa3__mma_fence();
-    issue_s(i);
-    if (i >= 1u) { /* 3 */
+    if (i >= 1u) { /* 2 */
       take_max(i - 1u);
       fa3__mma_fence();
       issue_pv(i - 1u);
-      fa3__pin<32>(sc);
-      fa3__mma_wait<1>();
-    } else {
-      fa3__pin<32>(sc);
-      fa3__mma_wait<0>();
     }
+    fa3__pin<128>(o);
+    fa3__mma_wait<0>();
+    fa3__pin<128>(o);
+    if (i >= 1u) release(i - 1u);
+    ready(i); /* 3 */
+    fa3__mma_fence();
+    issue_s(i);
+    fa3__pin<32>(sc);
+    fa3__mma_wait<0>();
     fa3__pin<32>(sc);
 
     /* 4: scores to log2 units, masked where the block leaves [lo_f, hif) or starts below kbt;
@@ -223,13 +227,7 @@ __device__ __forceinline__ void mla90__consume(const fa2__args &a, const mla90__
       if (c4 == 0u) sm->lrun[i & 1u][rw[h]] = ls[h];
     }
 
-    fa3__pin<128>(o); /* 5 */
-    fa3__mma_wait<0>();
-    fa3__pin<128>(o);
-    if (i >= 1u) {
-      release(i - 1u);
-      fa3__sync(MLA90__BAR_PFREE + other, 256);
-    }
+    if (i >= 1u) fa3__sync(MLA90__BAR_PFREE + other, 256); /* 5 */
     /* 6: P rows in the 128-byte swizzle (a quad's 4 words per 16-byte chunk, conflict-free). */
 #pragma unroll
     for (int k = 0; k < 8; k++)
