@@ -11,16 +11,19 @@
 
 #ifdef __CUDACC__
 
-/* The mainloop's contract. Consumer c takes every item the scheduler posts and owns rows
- * R0 + 64 c.. of its tile: it waits for a stage's K (full_k) and frees it (empty_k, one arrive
- * a warp) once its S GEMM has completed, V likewise after P V. Block blk's S GEMM is issued
- * with block blk - 1's P V GEMM, so the softmax of S_blk runs under that P V; the two
- * consumers take turns to issue (FA3__BAR_TURN), so one's softmax runs under the other's
- * GEMMs. Waits stay out of the issue sequences: a spin loop between wgmma.fence and a wgmma
- * is a divergent path after which ptxas serialises the wgmmas. */
-template <int DK, int DV, typename T, int KV>
-__device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__smem<DK, DV, KV> *sm) {
-  using C = fa3__cfg<DK, DV, KV>;
+/* The mainloop's contract. Consumer c of NC takes every item the scheduler posts and owns
+ * rows R0 + 64 c.. of its tile: it waits for a stage's K (full_k) and frees it (empty_k, one
+ * arrive a warp) once its S GEMM has completed, V likewise after P V. Block blk's S GEMM is
+ * issued with block blk - 1's P V GEMM, so the softmax of S_blk runs under that P V; the
+ * consumers take turns to issue round a ring (FA3__BAR_TURN), so one's softmax runs under the
+ * others' GEMMs. P reaches the P V GEMM in registers, or (the row's PV smem) through the
+ * consumer's area of shared memory, written once that area's last P V has completed and
+ * fenced for wgmma before the turn's barrier, which all of the consumer's warps pass. Waits
+ * stay out of the issue sequences: a spin loop between wgmma.fence and a wgmma is a divergent
+ * path after which ptxas serialises the wgmmas. */
+template <int DK, int DV, typename T, int KV, int NC>
+__device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__smem<DK, DV, KV, NC> *sm) {
+  using C = fa3__cfg<DK, DV, KV, NC>;
   using SM = typename C::softmax;
   constexpr bool E4 = C::E4;
   constexpr int BN = C::BN, ST = C::ST, CH = DK / 8, KS = C::KSTEP;
@@ -29,11 +32,12 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
   const uint32_t tid = threadIdx.x % 128u, warp = tid / 32u, lane = tid % 32u, g = lane / 4u, c4 = lane % 4u;
   const uint32_t num_pairs = a.k.s.hdr->num_pairs, causal = a.k.s.hdr->causal, work = fa3__work(a, num_pairs);
   c = (int)fa3__uniform((uint32_t)c); /* as the item and the block count: the issue is uniform */
-  char *qs = sm->q[c];
+  char *qs = sm->q[c], *ps = sm->p[C::P_SMEM ? c : 0];
   /* V: MN-major slabs for 16-bit P V, K-major V^T rows for e4m3 */
   const uint32_t kv_lo = fa3__desc_lo(sm->kv[0], 0u), v_lo = fa3__desc_lo(sm->kv[0] + C::K_BYTES, E4 ? 0u : C::KV_SLAB);
+  const uint32_t p_lo = fa3__desc_lo(ps, 0u); /* PV smem: P, K-major as Q */
   fa3__ring<ST> ring; /* the next tile's first block */
-  if (c == 1) fa3__arrive_bar(FA3__BAR_TURN, 256); /* consumer 0 takes the first turn */
+  if (c == NC - 1) fa3__arrive_bar(FA3__BAR_TURN, 256); /* consumer 0 takes the first turn */
   /* Q rows of this warpgroup for tile t, zeros past the entry and past d, as one cp.async group.
    * With widened fp8 KV the MMAs run in fp16, so bf16 Q is narrowed as it loads (exact for |q|
    * in [2^-14, 65504]); the e4m3 policy quantises it once landed (fa3__quantise_q). */
@@ -63,7 +67,7 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
     item.w = fa3__uniform(item.w);
     if (item.w < work) {
       fa3__tile t;
-      fa3__tile_of<BN>(a, item.w, item.ei, num_pairs, &t);
+      fa3__tile_of<BN, NC>(a, item.w, item.ei, num_pairs, &t);
       load_q(t);
     }
     return item;
@@ -71,7 +75,7 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
   fa3__item item = take(0u);
   for (uint32_t k = 0; item.w < work; k++) {
     fa3__tile t;
-    fa3__tile_of<BN>(a, item.w, item.ei, num_pairs, &t);
+    fa3__tile_of<BN, NC>(a, item.w, item.ei, num_pairs, &t);
     t.nblk = fa3__uniform(t.nblk);
     fa2__wait<0>();
     float q_descale = 1.f; /* e4m3: the scores' factor back from Q's scale */
@@ -107,7 +111,8 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
       const uint32_t lo = v_lo + at.stage * (uint32_t)(C::STAGE >> 4);
 #pragma unroll
       for (int kk = 0; kk < BN / KS; kk++) {
-        if constexpr (E4 && BN == 64) fa3__mma_rs<DV, T>(o, p[kk], fa3__desc_at<FA3__DESC_HI_64B>(lo, kk * 32));
+        if constexpr (C::P_SMEM) fa3__mma_sst<DV, T>(o, fa3__desc_at(p_lo, (kk / 4) * 8192 + (kk % 4) * 32), fa3__desc_at(lo, kk * 2048), 1);
+        else if constexpr (E4 && BN == 64) fa3__mma_rs<DV, T>(o, p[kk], fa3__desc_at<FA3__DESC_HI_64B>(lo, kk * 32));
         else fa3__mma_rs<DV, T>(o, p[kk], fa3__desc_at(lo, E4 ? kk * 32 : kk * 2048));
       }
       fa3__mma_commit();
@@ -123,6 +128,9 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
       mask.apply(sc, l, causal, t, t.kb + blk * BN, c4);
       sm_rows.step(sc, softcap > 0.f ? 1.f : sl2, alpha);
     };
+    /* P as the P V GEMM's A operand: the k16 fragments in registers, or stored as [slab][64
+     * rows][128 B] in the 128-byte swizzle, as Q is (matrix m of a k-step: rows 8 (m % 2).. of
+     * the warp's 16, slots 8 (m / 2).. of the step's 16; lane i gives row i % 8 of matrix i / 8) */
     auto pack_p = [&]() {
       if constexpr (E4) {
         fa3__pack_p_e4m3<BN>(sc, p);
@@ -131,7 +139,12 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
         for (int kk = 0; kk < BN / 16; kk++) {
 #pragma unroll
           for (int r = 0; r < 4; r++) p[kk][r] = fa2__pack<T>(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
+          if constexpr (C::P_SMEM) {
+            const uint32_t m = lane / 8u, row = 16u * warp + lane % 8u + 8u * (m % 2u);
+            fa3__stm4(ps + (kk / 4) * 8192 + fa3__swz(row, (uint32_t)(kk % 4) * 2u + m / 2u), p[kk]);
+          }
         }
+        if constexpr (C::P_SMEM) fa3__fence_async();
       }
     };
     auto ready = [&](uint64_t *bars, const fa3__ring<ST> &at, uint32_t blk) {
@@ -148,7 +161,7 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
     auto release_k_after_softmax = [&](const fa3__ring<ST> &at) {
       if (lane == 0 && !(sm_rows.l[0] + sm_rows.l[1] < 0.f)) fa3__arrive(&sm->empty_k[at.stage]);
     };
-    const int my_turn = FA3__BAR_TURN + c, their_turn = FA3__BAR_TURN + (c ^ 1);
+    const int my_turn = FA3__BAR_TURN + c, their_turn = FA3__BAR_TURN + (c + 1) % NC;
     if (t.nblk) {
       float alpha[2];
       fa3__ring<ST> s_at = ring, v_at = ring; /* block blk's stage, and block blk - 1's */

@@ -17,10 +17,10 @@
  * policy); the rest is gathered by all 128 threads, a row a thread, so one page-table read a
  * thread a block. Under the e4m3 policy V lands in raw first and the 128 threads transpose it
  * into the stage (fa3__transpose_v). */
-template <int DK, int DV, int KV>
+template <int DK, int DV, int KV, int NC>
 __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorMap *tk, const CUtensorMap *tv,
-                                             fa3__smem<DK, DV, KV> *sm) {
-  using C = fa3__cfg<DK, DV, KV>;
+                                             fa3__smem<DK, DV, KV, NC> *sm) {
+  using C = fa3__cfg<DK, DV, KV, NC>;
   constexpr bool F8 = C::F8, E4 = C::E4;
   constexpr int BN = C::BN, ST = C::ST, EB = F8 ? 1 : 2; /* bytes an element as stored */
   /* 16-byte chunks a row as loaded; e4m3 rows fill whole 128-byte slabs */
@@ -66,7 +66,7 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
       break;
     }
     fa3__tile t;
-    fa3__tile_of<BN>(a, cur, sm->ring_entry[slot], num_pairs, &t);
+    fa3__tile_of<BN, NC>(a, cur, sm->ring_entry[slot], num_pairs, &t);
     const uint32_t kvh = t.hq / G;
     const int32_t *pt = a.k.l.page_table + (size_t)t.e.seq * a.k.l.pages_per_seq;
     auto load = [&](uint32_t blk) {

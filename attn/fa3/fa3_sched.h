@@ -7,17 +7,17 @@
 #include "fattn.h"
 
 /* Everything the kernel needs besides the two tensor maps, by value: fa2's arguments (the
- * same derivation, fa2__args_for) and whether the maps are valid (then a whole KV tile comes
- * as one box a page and slab). */
+ * same derivation, fa2__args_for), whether the maps are valid (then a whole KV tile comes as
+ * one box a page and slab) and whether the table's row of three consumers runs (fa3__trios). */
 typedef struct fa3__args {
   fa2__args k;
-  uint32_t use_tma;
+  uint32_t use_tma, trios;
 } fa3__args;
 
 #ifdef __CUDACC__
 
-/* One unit of work: a tile pair (FATTN__Q_PAIR query rows, the planner's two tiles of 64) of
- * one q head, and its KV range. */
+/* One unit of work: NC planner tiles of 64 query rows of one q head (a pair, or a trio of a
+ * three-consumer kernel), and its KV range; an empty item has no blocks and no rows. */
 typedef struct fa3__tile {
   fattn__entry e;
   uint32_t hq, R0;       /* q head; first query row of the entry */
@@ -58,16 +58,30 @@ __device__ __forceinline__ uint32_t fa3__pair_at(const fa3__args &a, uint32_t w,
   return num_pairs - 1u - w / a.k.l.num_q_heads;
 }
 
-/* Work item w of entry ei, made into its tile: rows, head and KV blocks. */
-template <int BN>
+/* Work item w of entry ei, made into its tile: rows, head and KV blocks. Items stay the pairs
+ * prep counts; under three consumers an entry's last trio (192 rows) takes its last pair's
+ * item, the trio before it the pair before, and the entry's first pairs, left over, are empty
+ * items (ceil(q / 192) trios in ceil(q / 128) pairs). */
+template <int BN, int NC>
 __device__ __forceinline__ void fa3__tile_of(const fa3__args &a, uint32_t w, uint32_t ei, uint32_t num_pairs,
                                              fa3__tile *t) {
   const fattn__step_hdr *hdr = a.k.s.hdr;
   const uint32_t p = fa3__pair_at(a, w, num_pairs, &t->hq);
+  constexpr uint32_t ROWS = NC * FATTN__Q_TILE;
   t->e = a.k.s.entries[ei];
-  t->R0 = (p - t->e.pair_start) * FATTN__Q_PAIR;
   t->tree = hdr->mode == FATTN_MODE_TARGET_VERIFY && t->e.mask_row != UINT32_MAX && a.k.s.mask;
-  const uint32_t last = min(t->R0 + FATTN__Q_PAIR - 1u, t->e.q_len - 1u);
+  uint32_t unit = p - t->e.pair_start;
+  if constexpr (NC != 2) {
+    const uint32_t pairs = (t->e.q_len + FATTN__Q_PAIR - 1u) / FATTN__Q_PAIR, units = (t->e.q_len + ROWS - 1u) / ROWS;
+    if (unit + units < pairs) {
+      t->R0 = t->e.q_len;
+      t->kb = t->ke = t->nblk = 0u;
+      return;
+    }
+    unit -= pairs - units;
+  }
+  t->R0 = unit * ROWS;
+  const uint32_t last = min(t->R0 + ROWS - 1u, t->e.q_len - 1u);
   fattn__kv_range r = fattn__rows_range(&a.k.l, (int)hdr->causal, t->tree, t->e.q_len, t->e.kv_len, t->R0, last);
   t->kb = r.lo_any / BN * BN;
   t->ke = r.hi_any;

@@ -13,11 +13,13 @@
 #include <atomic>
 
 /* Named barriers (bar.sync ids; 0 is __syncthreads). A consumer's turn barrier is the one the
- * other consumer arrives on once it has issued its GEMMs, so the two issue in alternation. */
+ * consumer before it in the ring arrives on once it has issued its GEMMs, so the consumers
+ * issue in turn (FA3__MAX_CONSUMERS of them at most). */
+enum { FA3__MAX_CONSUMERS = 3 };
 enum fa3__named_barrier {
-  FA3__BAR_PRODUCER = 1, /* the producer warpgroup's 128 threads */
-  FA3__BAR_Q = 2,        /* + c: consumer c's 128 threads, once its Q slabs have landed */
-  FA3__BAR_TURN = 4,     /* + c: consumer c may issue (256 threads: both consumers) */
+  FA3__BAR_PRODUCER = 1,                    /* the producer warpgroup's 128 threads */
+  FA3__BAR_Q = 2,                           /* + c: consumer c's 128 threads, once its Q slabs have landed */
+  FA3__BAR_TURN = 2 + FA3__MAX_CONSUMERS,   /* + c: consumer c may issue (256 threads: it and the one before) */
 };
 
 __device__ __forceinline__ void fa3__bar_init(uint64_t *b, uint32_t count) {
@@ -54,6 +56,13 @@ __device__ __forceinline__ void fa3__sync(int id, int threads) {
 }
 __device__ __forceinline__ void fa3__arrive_bar(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+/* Four 8 x 8 matrices of 16-bit pairs to shared memory, one row address a lane (lane i: row
+ * i % 8 of matrix i / 8); r[j] is this lane's pair of matrix j (row lane / 4, pair lane % 4). */
+__device__ __forceinline__ void fa3__stm4(void *row, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(fa2__smem(row)), "r"(r[0]),
+               "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
 }
 /* Ordinary (and cp.async) writes to shared memory made visible to wgmma and TMA readers. */
 __device__ __forceinline__ void fa3__fence_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }

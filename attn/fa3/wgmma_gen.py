@@ -3,7 +3,7 @@
 # (one register per accumulator) are too long to spell by hand. Run: python3 wgmma_gen.py
 SS_N = (64, 128)        # S = Q K^T: N is the KV tile
 RS_N = (64, 128, 192, 256)   # O += P V: N is head_dim_v
-SST_N = (256,)               # MLA's O += P V with P in shared memory: N is a consumer's half of d_v
+SST_N = (64, 256)            # O += P V with P in shared memory: N is d_v (three consumers at d 64) or MLA's half of d_v
 TYPES = (("bf16", "__nv_bfloat16"), ("f16", "__half"))
 E4_SS_N = (64, 128)           # the e4m3 kernels' S = Q K^T (k32 steps)
 E4_RS_N = (64, 128, 192, 256)  # their O += P V, V transposed to K-major (fp8 has no MN-major B)
