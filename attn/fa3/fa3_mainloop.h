@@ -162,6 +162,15 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
       if (lane == 0 && !(sm_rows.l[0] + sm_rows.l[1] < 0.f)) fa3__arrive(&sm->empty_k[at.stage]);
     };
     const int my_turn = FA3__BAR_TURN + c, their_turn = FA3__BAR_TURN + (c + 1) % NC;
+    /* Blocks this consumer's GEMMs run: a tile's blocks cover its last row's causal range, and
+     * three consumers' first rows see up to 128 slots fewer than the last; the later blocks
+     * (nb on) are waited for, freed and their turns passed on, with no GEMM. Pairs keep every
+     * block (their kernels stay as measured). */
+    uint32_t nb = t.nblk;
+    if (NC == 3 && causal && !t.tree && rows) {
+      const fattn__kv_range own = fattn__rows_range(&l, 1, 0, t.e.q_len, t.e.kv_len, R0, min(R0 + 63u, t.e.q_len - 1u));
+      nb = fa3__uniform(min(t.nblk, max(1u, (own.hi_any - min(own.hi_any, t.kb) + BN - 1u) / BN)));
+    }
     if (t.nblk) {
       float alpha[2];
       fa3__ring<ST> s_at = ring, v_at = ring; /* block blk's stage, and block blk - 1's */
@@ -176,7 +185,7 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
       release(sm->empty_k, s_at);
       soft(0, alpha);
       pack_p();
-      for (uint32_t blk = 1; blk < t.nblk; blk++) {
+      for (uint32_t blk = 1; blk < nb; blk++) {
         s_at.next();
         ready(sm->full_k, s_at, blk);
         ready(sm->full_v, v_at, blk - 1u);
@@ -206,7 +215,7 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
         pack_p();
       }
       item = take(k + 1u); /* the Q slabs are free: this tile's last S GEMM has completed */
-      ready(sm->full_v, v_at, t.nblk - 1u);
+      ready(sm->full_v, v_at, nb - 1u);
       fa3__sync(my_turn, 256);
       fa3__pin<DV / 2>(o);
       fa3__mma_fence();
@@ -216,6 +225,15 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
       fa3__mma_wait<0>();
       fa3__pin<DV / 2>(o);
       release(sm->empty_v, v_at);
+      for (uint32_t blk = nb; blk < t.nblk; blk++) { /* the blocks past this consumer's rows */
+        v_at.next();
+        fa3__wait(&sm->full_k[v_at.stage], v_at.phase); /* landed: the stage's last round is freed */
+        fa3__wait(&sm->full_v[v_at.stage], v_at.phase);
+        release(sm->empty_k, v_at);
+        release(sm->empty_v, v_at);
+        fa3__sync(my_turn, 256);
+        fa3__arrive_bar(their_turn, 256);
+      }
       ring = v_at;
       ring.next();
     } else {

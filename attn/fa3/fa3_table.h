@@ -1,16 +1,18 @@
-/* fa3_table.h: the dispatch table of the Hopper kernels, one row a head-dim pair (tile shape,
- * ring depth, register split, softmax policy), and the shared-memory plan it implies. */
+/* fa3_table.h: the dispatch table of the Hopper kernels, a row a head-dim pair and consumer
+ * count (tile shape, ring depth, register split, policies), and the shared-memory plan it implies. */
 #ifndef FATTN_ATTN_FA3_FA3_TABLE_H
 #define FATTN_ATTN_FA3_FA3_TABLE_H
 
 #include <stdint.h>
 
+#include "attn/meta.h"
+
 /* X(DK, DV, NC, BN, ST, ST8, P_REGS, C_REGS, SOFTMAX, PV, O), read as a table:
  *   DK, DV   the QK and PV dims of the tiles, in 64-dim slabs (d 96 runs the 128 row with its
  *            upper dims zero; d 192 has rows for d_v 128 and 192)
  *   NC       consumer warpgroups of 64 query rows: a work item is NC planner tiles. d 64 has a
- *            row of three, run where a step's sequences average FA3__TRIO_MIN_Q query tokens
- *            (fa3__trios): its GEMMs are half as long for the same softmax, so a third
+ *            row of three, run where a step's sequences average FATTN__TRIO_MIN_Q query
+ *            tokens (fa3__trios): its GEMMs are half as long for the same softmax, so a third
  *            consumer's softmax runs under the other two's GEMMs (1.08-1.17x from 2k, H100,
  *            docs/performance.md); shorter causal rows lose to the wider tile's masked work
  *   BN       KV slots a block (the S GEMM's N)
@@ -82,11 +84,16 @@ static inline constexpr bool fa3__has_trios(uint32_t head_dim, uint32_t head_dim
 #undef FA3__ROW_TRIO
   return false;
 }
-/* Query tokens a sequence, on the step's caps, from which the three-consumer row runs: below,
- * a causal tile of 192 rows issues up to a third more GEMM work than two of 128 (0.86-0.88 of
- * the two-consumer kernel at 512 and 1k causal, H100). A rule of the caps, not of the step's
- * lengths, so that a captured graph keeps one kernel. */
-#define FA3__TRIO_MIN_Q 2048u
+/* Whether a step runs the three-consumer row (FATTN__TRIO_MIN_Q, attn/meta.h): 16-bit KV,
+ * prefill and cross steps (no graph captures them, so no replay meets a kernel its eager step
+ * did not run), sequences of 2k query tokens on average by the caps (below, 0.86-0.88 of the
+ * two-consumer kernel at 512 and 1k causal, H100). */
+static inline bool fa3__trios(uint32_t head_dim, uint32_t head_dim_v, uint32_t kv_dtype, uint32_t mode,
+                              uint32_t cap_q_tokens, uint32_t cap_entries) {
+  return fa3__has_trios(head_dim, head_dim_v) && kv_dtype != FATTN_DTYPE_FP8_E4M3 &&
+         (mode == FATTN_MODE_PREFILL || mode == FATTN_MODE_CROSS) &&
+         (uint64_t)cap_q_tokens >= (uint64_t)FATTN__TRIO_MIN_Q * cap_entries;
+}
 
 #ifdef __CUDACC__
 
