@@ -21,13 +21,6 @@
 /* Two query tiles: the Hopper kernels' work unit, counted apart so that their claims need no
  * skipping of odd tiles. */
 #define FATTN__Q_PAIR (2u * FATTN__Q_TILE)
-/* Query tokens a sequence, on a prefill or cross step's caps, from which the Hopper kernels
- * run their three-consumer rows where the table has one (attn/fa3/fa3_table.h): below, a
- * causal tile of 192 rows issues up to a third more GEMM work than two of 128. Overridable
- * at build time (host and CUDA flags alike) so that benchmark variants can compare rules. */
-#ifndef FATTN__TRIO_MIN_Q
-#define FATTN__TRIO_MIN_Q 2048u
-#endif
 /* A split covers a multiple of this many KV slots (a multiple of the decode tile's 64). */
 #define FATTN__SPLIT_ALIGN 128u
 /* Split rows available per allowed split (workspace size = max_splits * this). */

@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "attn/backend.h"
+#include "attn/fa3/fa3_trios.h"
 #include "lib/dtype.h"
 #include "lib/internal.h"
 #include "tests/support.h"

@@ -5,6 +5,7 @@
 
 #include <stdint.h>
 
+#include "attn/fa3/fa3_trios.h"
 #include "attn/meta.h"
 
 /* X(DK, DV, NC, BN, ST, ST8, P_REGS, C_REGS, SOFTMAX, PV, O), read as a table:
@@ -84,7 +85,7 @@ static inline constexpr bool fa3__has_trios(uint32_t head_dim, uint32_t head_dim
 #undef FA3__ROW_TRIO
   return false;
 }
-/* Whether a step runs the three-consumer row (FATTN__TRIO_MIN_Q, attn/meta.h): 16-bit KV,
+/* Whether a step runs the three-consumer row (FATTN__TRIO_MIN_Q, fa3_trios.h): 16-bit KV,
  * prefill and cross steps (no graph captures them, so no replay meets a kernel its eager step
  * did not run), sequences of 2k query tokens on average by the caps (below, 0.86-0.88 of the
  * two-consumer kernel at 512 and 1k causal, H100). */
