@@ -111,7 +111,8 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
       const uint32_t lo = v_lo + at.stage * (uint32_t)(C::STAGE >> 4);
 #pragma unroll
       for (int kk = 0; kk < BN / KS; kk++) {
-        if constexpr (C::P_SMEM) fa3__mma_sst<DV, T>(o, fa3__desc_at(p_lo, (kk / 4) * 8192 + (kk % 4) * 32), fa3__desc_at(lo, kk * 2048), 1);
+        if constexpr (C::P_SMEM)
+          fa3__mma_sst<DV, T>(o, fa3__desc_at(p_lo, (kk / 4) * 8192 + (kk % 4) * 32), fa3__desc_at(lo, kk * 2048), 1);
         else if constexpr (E4 && BN == 64) fa3__mma_rs<DV, T>(o, p[kk], fa3__desc_at<FA3__DESC_HI_64B>(lo, kk * 32));
         else fa3__mma_rs<DV, T>(o, p[kk], fa3__desc_at(lo, E4 ? kk * 32 : kk * 2048));
       }
@@ -161,7 +162,7 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
     auto release_k_after_softmax = [&](const fa3__ring<ST> &at) {
       if (lane == 0 && !(sm_rows.l[0] + sm_rows.l[1] < 0.f)) fa3__arrive(&sm->empty_k[at.stage]);
     };
-    const int my_turn = FA3__BAR_TURN + c, their_turn = FA3__BAR_TURN + (c + 1) % NC;
+    const int my_turn = FA3__BAR_TURN + c, their_turn = FA3__BAR_TURN + (NC == 2 ? c ^ 1 : (c + 1) % NC);
     /* Blocks this consumer's GEMMs run: a tile's blocks cover its last row's causal range, and
      * three consumers' first rows see up to 128 slots fewer than the last; the later blocks
      * (nb on) are waited for, freed and their turns passed on, with no GEMM. Pairs keep every
@@ -241,7 +242,7 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
     }
     if (rows) fa3__store_o<DV, T, C::F8, C::QUAD_O>(a, t, sm_rows.m, sm_rows.l, o, R0, warp, g, c4);
   }
-  if (c == 0) fa3__sync(FA3__BAR_TURN, 256); /* consumer 1's last turn handed over */
+  if (c == 0) fa3__sync(FA3__BAR_TURN, 256); /* the last consumer's last turn handed over */
 }
 
 #endif /* __CUDACC__ */

@@ -69,18 +69,19 @@ __device__ __forceinline__ void fa3__tile_of(const fa3__args &a, uint32_t w, uin
   const uint32_t p = fa3__pair_at(a, w, num_pairs, &t->hq);
   constexpr uint32_t ROWS = NC * FATTN__Q_TILE;
   t->e = a.k.s.entries[ei];
-  t->tree = hdr->mode == FATTN_MODE_TARGET_VERIFY && t->e.mask_row != UINT32_MAX && a.k.s.mask;
   uint32_t unit = p - t->e.pair_start;
   if constexpr (NC != 2) {
     const uint32_t pairs = (t->e.q_len + FATTN__Q_PAIR - 1u) / FATTN__Q_PAIR, units = (t->e.q_len + ROWS - 1u) / ROWS;
     if (unit + units < pairs) {
       t->R0 = t->e.q_len;
+      t->tree = false;
       t->kb = t->ke = t->nblk = 0u;
       return;
     }
     unit -= pairs - units;
   }
   t->R0 = unit * ROWS;
+  t->tree = hdr->mode == FATTN_MODE_TARGET_VERIFY && t->e.mask_row != UINT32_MAX && a.k.s.mask;
   const uint32_t last = min(t->R0 + ROWS - 1u, t->e.q_len - 1u);
   fattn__kv_range r = fattn__rows_range(&a.k.l, (int)hdr->causal, t->tree, t->e.q_len, t->e.kv_len, t->R0, last);
   t->kb = r.lo_any / BN * BN;

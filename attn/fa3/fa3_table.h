@@ -85,13 +85,13 @@ static inline constexpr bool fa3__has_trios(uint32_t head_dim, uint32_t head_dim
 #undef FA3__ROW_TRIO
   return false;
 }
-/* Whether a step runs the three-consumer row (FATTN__TRIO_MIN_Q, fa3_trios.h): 16-bit KV,
- * prefill and cross steps (no graph captures them, so no replay meets a kernel its eager step
- * did not run), sequences of 2k query tokens on average by the caps (below, 0.86-0.88 of the
- * two-consumer kernel at 512 and 1k causal, H100). */
+/* Whether a step runs the three-consumer row (FATTN__TRIOS and FATTN__TRIO_MIN_Q, fa3_trios.h):
+ * 16-bit KV, prefill and cross steps (no graph captures them, so no replay meets a kernel its
+ * eager step did not run), sequences of 2k query tokens on average by the caps (below, before
+ * the causal skip, 0.86-0.88 of the two-consumer kernel at 512 and 1k causal, H100). */
 static inline bool fa3__trios(uint32_t head_dim, uint32_t head_dim_v, uint32_t kv_dtype, uint32_t mode,
                               uint32_t cap_q_tokens, uint32_t cap_entries) {
-  return fa3__has_trios(head_dim, head_dim_v) && kv_dtype != FATTN_DTYPE_FP8_E4M3 &&
+  return FATTN__TRIOS && fa3__has_trios(head_dim, head_dim_v) && kv_dtype != FATTN_DTYPE_FP8_E4M3 &&
          (mode == FATTN_MODE_PREFILL || mode == FATTN_MODE_CROSS) &&
          (uint64_t)cap_q_tokens >= (uint64_t)FATTN__TRIO_MIN_Q * cap_entries;
 }
@@ -146,7 +146,8 @@ template <int DK, int DV, int KV, int NC> struct fa3__cfg {
   static constexpr int P_WG = P_SMEM ? BN / 64 * 64 * 128 : 16;
   static constexpr int LAUNCH_REGS = 65536 / NT / 8 * 8; /* a thread's share of the SM's file */
   using softmax = typename R::template softmax<BN>;
-  static_assert(P_REGS + NC * C_REGS <= (NC + 1) * LAUNCH_REGS, "the consumers ask for more registers than the producer frees");
+  static_assert(P_REGS + NC * C_REGS <= (NC + 1) * LAUNCH_REGS,
+                "the consumers ask for more registers than the producer frees");
   static_assert(!P_SMEM || !E4, "e4m3 P V reads P from registers");
   static_assert(!E4 || BN == 64 || BN == 128, "e4m3 V^T rows are one 64- or 128-byte swizzle row");
 };
@@ -157,7 +158,6 @@ template <int DK, int DV, int KV, int NC> struct fa3__smem {
   using C = fa3__cfg<DK, DV, KV, NC>;
   char q[NC][C::Q_WG];        /* consumer c's 64 query rows, [slab][64][128 B] */
   char kv[C::ST][C::STAGE];   /* the ring: K [slab][BN][128 B], then V (e4m3: V^T) */
-  char p[C::P_SMEM ? NC : 1][C::P_WG]; /* PV smem: consumer c's P, [slab][64][128 B] */
   char raw[C::RAW];           /* fp8: the producer's landing area (e4m3: two slots) */
   uint64_t full_k[C::ST], full_v[C::ST];   /* a stage's K / V landed (producer arrives) */
   uint64_t empty_k[C::ST], empty_v[C::ST]; /* a stage's K / V read (one arrive a consumer warp) */
@@ -165,6 +165,9 @@ template <int DK, int DV, int KV, int NC> struct fa3__smem {
   uint64_t sched_full[FA3__SCHED_SLOTS], sched_empty[FA3__SCHED_SLOTS]; /* the scheduler's ring */
   uint32_t ring_w[FA3__SCHED_SLOTS], ring_entry[FA3__SCHED_SLOTS];      /* its slots: work item, entry */
   float q_amax[NC][4];                     /* e4m3: each consumer warp's |Q| max of a tile */
+  /* PV smem: consumer c's P, [slab][64][128 B], on a swizzle atom; last, so that the rows
+   * without it keep every offset above */
+  alignas(C::P_SMEM ? 1024 : 1) char p[C::P_SMEM ? NC : 1][C::P_WG];
 };
 template <int DK, int DV, int KV, int NC> struct fa3__plan {
   using C = fa3__cfg<DK, DV, KV, NC>;
