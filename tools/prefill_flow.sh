@@ -11,7 +11,8 @@
 # seconds; logs, CSVs, ncu reports and their SASS-level samples are packed into
 # $OUT/prefill_flow.tar.xz.
 # Steps: make gpu-test (NEW), fattn-bench prefill of BASE and NEW twice, alternated,
-# peers.py prefill and serve, ncu of fattn's and FA3's kernels on d 128 x 8k non-causal.
+# peers.py prefill and serve, ncu of fattn's and FA3's kernels on each shape of $PF_NCU
+# ("D,SEQ,CAUSAL ...", default "128,8192,0"; a report a shape and kernel, 60 s each).
 set -u
 B=${1:?usage: prefill_flow.sh B BASE NEW [WHEELS]} base=${2:?usage} new=${3:?usage} wheels=${4:-}
 t0=$(date +%s) o=/tmp/prefill_flow
@@ -42,9 +43,15 @@ done
 cp "$o/new2.csv" /tmp/pf_new/build/prefill_fa3.csv 2>/dev/null
 run peers 240 "cd /tmp/pf_new && python3 bench/peers/peers.py prefill && python3 bench/peers/peers.py serve"
 NCU="ncu --clock-control none --launch-skip 3 --launch-count 1 --set full --import-source yes -f"
-run ncu_new 60 "cd /tmp/pf_new && $NCU -k regex:fa3__attn -o $o/new build/fattn-bench prefill --backend fa3 --only 128,8192"
-run ncu_fa3 60 "cd /tmp/pf_new && $NCU -k regex:device_kernel -o $o/fa3 python3 bench/peers/peers.py one FA3 128 8192 0"
-for r in new fa3; do
+reports=()
+for shape in ${PF_NCU:-128,8192,0}; do
+  IFS=, read -r d seq causal <<< "$shape"
+  n=d${d}_${seq}_$causal
+  run "ncu_new_$n" 60 "cd /tmp/pf_new && $NCU -k regex:fa3__attn -o $o/new_$n build/fattn-bench prefill --backend fa3 --only $d,$seq,$causal"
+  run "ncu_fa3_$n" 60 "cd /tmp/pf_new && $NCU -k regex:device_kernel -o $o/fa3_$n python3 bench/peers/peers.py one FA3 $d $seq $causal"
+  reports+=("new_$n" "fa3_$n")
+done
+for r in "${reports[@]}"; do
   [ -f "$o/$r.ncu-rep" ] || continue
   ncu --import "$o/$r.ncu-rep" --page details --csv > "$o/${r}_details.csv" 2>&1
   ncu --import "$o/$r.ncu-rep" --page source --csv --print-source sass > "$o/${r}_sass.csv" 2>&1 # samples a SASS line
