@@ -112,7 +112,7 @@ __device__ __forceinline__ void fa3__bytes_transpose(uint32_t a, uint32_t b, uin
  * A unit is four slots (one c of one 16) by 16 dims: four 16-byte reads, 16 four-byte writes;
  * a warp's units cover whole rows of V^T with each write instruction, so at BN 128 a write
  * fills one 128-byte row, bank-conflict free (at 64, two rows 16 dims apart: 2-way). */
-template <int DV, int BN> __device__ __forceinline__ void fa3__transpose_v(const char *raw, char *vt, uint32_t tid) {
+template <int DV, int BN> __device__ __forceinline__ void fa3__transpose_v_words(const char *raw, char *vt, uint32_t tid) {
   constexpr uint32_t UNITS = (BN / 4) * (DV / 16), GROUPS = BN / 16;
 #pragma unroll 1
   for (uint32_t u = tid; u < UNITS; u += 128u) {
@@ -136,6 +136,39 @@ template <int DV, int BN> __device__ __forceinline__ void fa3__transpose_v(const
       }
     }
   }
+}
+
+/* The same transposition a warp's 16 slots by 32 dims at a time, through the matrix load and
+ * store: ldmatrix.trans of four 8 x 8 tiles of byte pairs (matrix m: slots 8 (m % 2).. of the
+ * 16, dims 16 (m / 2).. of the 32) gives lane t the pairs of dims 2 k, 2 k + 1 (k = t / 4) of
+ * slots a, a + 1 (a = 2 (t % 4)) and of a + 8, a + 9; a byte permute makes of each two the
+ * even dim's and the odd dim's word of columns 4 (t % 4).. in P's order (a, a + 1, a + 8,
+ * a + 9), and stmatrix writes each as row k of a tile of V^T rows (matrix j: dims 2 i + j % 2
+ * + 16 (j / 2) of the 32). A quarter of the registers of the word transposition, for a
+ * leaner producer. */
+template <int DV, int BN> __device__ __forceinline__ void fa3__transpose_v_ldsm(const char *raw, char *vt, uint32_t tid) {
+  constexpr uint32_t GROUPS = BN / 16, UNITS = GROUPS * (DV / 32);
+  const uint32_t warp = tid / 32u, m = (tid % 32u) / 8u, i = tid % 8u;
+#pragma unroll 1
+  for (uint32_t u = warp; u < UNITS; u += 4u) {
+    const uint32_t grp = u % GROUPS, d0 = 32u * (u / GROUPS) + 16u * (m / 2u), slot = 16u * grp + 8u * (m % 2u) + i;
+    uint32_t r[4];
+    fa2__ldm4t(r, raw + (d0 / 128u) * (BN * 128u) + fa3__swz(slot, (d0 % 128u) / 16u));
+    const uint32_t w[4] = {__byte_perm(r[0], r[1], 0x6420), __byte_perm(r[0], r[1], 0x7531),
+                           __byte_perm(r[2], r[3], 0x6420), __byte_perm(r[2], r[3], 0x7531)};
+    const uint32_t n = d0 + 2u * i + m % 2u; /* the V^T row whose address this lane gives */
+    fa3__stm4(vt + (BN == 128 ? fa3__swz(n, grp) : fa3__swz64(n, grp)), w);
+  }
+}
+
+/* Which transposition the producer runs: the word one (measured), or, in a build with
+ * -DFATTN__V_LDSM=1, the matrix one, until its GPU gates have run on it. */
+#ifndef FATTN__V_LDSM
+#define FATTN__V_LDSM 0
+#endif
+template <int DV, int BN> __device__ __forceinline__ void fa3__transpose_v(const char *raw, char *vt, uint32_t tid) {
+  if constexpr (FATTN__V_LDSM) fa3__transpose_v_ldsm<DV, BN>(raw, vt, tid);
+  else fa3__transpose_v_words<DV, BN>(raw, vt, tid);
 }
 
 #endif /* __CUDACC__ */
