@@ -11,6 +11,14 @@
 
 #ifdef __CUDACC__
 
+/* Whether pairs of 64-slot blocks (d 192, 256; 16-bit operands: the e4m3 d 256 kernel spilled
+ * 92 bytes more with it) skip the causal blocks past their first consumer's rows, as three
+ * consumers do: in a build with -DFATTN__PAIR_SKIP=1 only, until its GPU gates have run on it
+ * (docs/performance.md). */
+#ifndef FATTN__PAIR_SKIP
+#define FATTN__PAIR_SKIP 0
+#endif
+
 /* The mainloop's contract. Consumer c of NC takes every item the scheduler posts and owns
  * rows R0 + 64 c.. of its tile: it waits for a stage's K (full_k) and frees it (empty_k, one
  * arrive a warp) once its S GEMM has completed, V likewise after P V. Block blk's S GEMM is
@@ -164,11 +172,11 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
     };
     const int my_turn = FA3__BAR_TURN + c, their_turn = FA3__BAR_TURN + (NC == 2 ? c ^ 1 : (c + 1) % NC);
     /* Blocks this consumer's GEMMs run: a tile's blocks cover its last row's causal range, and
-     * three consumers' first rows see up to 128 slots fewer than the last; the later blocks
-     * (nb on) are waited for, freed and their turns passed on, with no GEMM. Pairs keep every
-     * block (their kernels stay as measured). */
+     * where its rows span more than a block, its first consumers' rows see fewer; their later
+     * blocks (nb on) are waited for, freed and their turns passed on, with no GEMM. */
+    constexpr bool SKIP = 64 * NC > BN && (NC == 3 || (FATTN__PAIR_SKIP && !E4));
     uint32_t nb = t.nblk;
-    if (NC == 3 && causal && !t.tree && rows) {
+    if (SKIP && causal && !t.tree && rows) {
       const fattn__kv_range own = fattn__rows_range(&l, 1, 0, t.e.q_len, t.e.kv_len, R0, min(R0 + 63u, t.e.q_len - 1u));
       nb = fa3__uniform(min(t.nblk, max(1u, (own.hi_any - min(own.hi_any, t.kb) + BN - 1u) / BN)));
     }
