@@ -176,9 +176,15 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
      * blocks (nb on) are waited for, freed and their turns passed on, with no GEMM. */
     constexpr bool SKIP = 64 * NC > BN && (NC == 3 || (FATTN__PAIR_SKIP && !E4));
     uint32_t nb = t.nblk;
-    if (SKIP && causal && !t.tree && rows) {
-      const fattn__kv_range own = fattn__rows_range(&l, 1, 0, t.e.q_len, t.e.kv_len, R0, min(R0 + 63u, t.e.q_len - 1u));
-      nb = fa3__uniform(min(t.nblk, max(1u, (own.hi_any - min(own.hi_any, t.kb) + BN - 1u) / BN)));
+    if constexpr (SKIP) {
+      if (causal && !t.tree && rows) {
+        const fattn__kv_range own = fattn__rows_range(&l, 1, 0, t.e.q_len, t.e.kv_len, R0, min(R0 + 63u, t.e.q_len - 1u));
+        nb = min(t.nblk, max(1u, (own.hi_any - min(own.hi_any, t.kb) + BN - 1u) / BN));
+      }
+      /* Broadcast after the branch: a value merged from two paths is not known to be
+       * warp-uniform, and the block loop's ring, then every GEMM descriptor, would leave the
+       * uniform registers (27 R2UR a block at d 64, three consumers). */
+      nb = fa3__uniform(nb);
     }
     if (t.nblk) {
       float alpha[2];
