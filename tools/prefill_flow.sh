@@ -12,7 +12,8 @@
 # $OUT/prefill_flow.tar.xz.
 # Steps: make gpu-test (NEW), fattn-bench prefill of BASE and NEW twice, alternated,
 # peers.py prefill and serve, ncu of fattn's and FA3's kernels on each shape of $PF_NCU
-# ("D,SEQ,CAUSAL ...", default "128,8192,0"; a report a shape and kernel, 60 s each).
+# ("D,SEQ,CAUSAL ...", default "128,8192,0"; a report a shape and kernel, 60 s each); with
+# PF_SANITIZE=S, make gpu-sanitize of NEW after gpu-test, capped to S seconds.
 set -u
 B=${1:?usage: prefill_flow.sh B BASE NEW [WHEELS]} base=${2:?usage} new=${3:?usage} wheels=${4:-}
 t0=$(date +%s) o=/tmp/prefill_flow
@@ -36,6 +37,7 @@ if [ -n "$wheels" ]; then
 fi
 export PYTHONUNBUFFERED=1
 run gputest 150 "cd /tmp/pf_new && make gpu-test"
+[ -n "${PF_SANITIZE:-}" ] && run sanitize "$PF_SANITIZE" "cd /tmp/pf_new && make gpu-sanitize"
 for r in 1 2; do
   run "base$r" 90 "cd /tmp/pf_base && build/fattn-bench prefill --backend fa3 --csv $o/base$r.csv"
   run "new$r" 120 "cd /tmp/pf_new && build/fattn-bench prefill --backend fa3 --csv $o/new$r.csv"
@@ -59,6 +61,7 @@ done
 tar cJf "${OUT:-.}/prefill_flow.tar.xz" -C /tmp prefill_flow
 echo "==== gpu-test"
 grep -h '^tests:\|totals' "$o/gputest.txt" 2>/dev/null
+grep -h '^gpu-sanitize:\|FAILED' "$o/sanitize.txt" 2>/dev/null
 echo "==== TFLOP/s: mode,bs,kv,page,d, base1 base2 new1 new2"
 paste -d, <(cut -d, -f1,2,4,5,8,13 "$o/base1.csv") <(cut -d, -f13 "$o/base2.csv") <(cut -d, -f13 "$o/new1.csv") \
   <(cut -d, -f13 "$o/new2.csv") 2>/dev/null
