@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn/fa3/fa3_trios.h"
 #include "lib/dtype.h"
 #include "tests/support_ref.h"
 
@@ -44,6 +45,31 @@ START_TEST(split_count_follows_waves) {
   ck_assert_uint_eq(splits_kv(D, 1, 64, 1, 4096), 1);
   ck_assert_uint_eq(splits_kv(D, 1, 128, 1, 8192), 1);  /* 2 rounds whole ties 4 of halves: fewer */
   ck_assert_uint_eq(splits_kv(D, 1, 16, 1, 1024), 4);
+}
+END_TEST
+
+/* The three-consumer kernels' work over the pairs prep counts: every query row of an entry in
+ * exactly one trio, the trios in row order on the entry's last pairs, the pairs before them
+ * empty (fa3__trio_of). */
+START_TEST(trios_cover_every_row_once) {
+  for (uint32_t q = 1; q <= 5000; q++) {
+    const uint32_t pairs = (q + FATTN__Q_PAIR - 1u) / FATTN__Q_PAIR;
+    const uint32_t trios = (q + FATTN__Q_TRIO - 1u) / FATTN__Q_TRIO;
+    uint32_t next = 0, empty = 0;
+    for (uint32_t p = 0; p < pairs; p++) {
+      const uint32_t t = fa3__trio_of(q, p);
+      if (t == UINT32_MAX) {
+        ck_assert_msg(next == 0, "q %u: pair %u empty after a trio", q, p);
+        empty++;
+        continue;
+      }
+      ck_assert_msg(t * FATTN__Q_TRIO == next, "q %u: pair %u carries rows %u.., not %u..", q, p,
+                    t * FATTN__Q_TRIO, next);
+      next += FATTN__Q_TRIO;
+    }
+    ck_assert_msg(next >= q && next - q < FATTN__Q_TRIO, "q %u: trios cover %u rows", q, next);
+    ck_assert_uint_eq(pairs - empty, trios);
+  }
 }
 END_TEST
 
@@ -295,6 +321,6 @@ START_TEST(store_converts_into_pages) {
 }
 END_TEST
 
-FATTN_SUITE("ref_shapes", FATTN_TEST_CPU, split_count_follows_waves, chunked_local_closed_form,
-            cross_is_not_causal, gqa_maps_heads_to_groups, mla_reads_v_from_k, p_dtype_rounds_p,
+FATTN_SUITE("ref_shapes", FATTN_TEST_CPU, split_count_follows_waves, trios_cover_every_row_once,
+            chunked_local_closed_form, cross_is_not_causal, gqa_maps_heads_to_groups, mla_reads_v_from_k, p_dtype_rounds_p,
             head_dims_and_page_sizes, empty_row_is_zero, store_converts_into_pages)

@@ -4,6 +4,7 @@
 #define FATTN_ATTN_FA3_FA3_SCHED_H
 
 #include "attn/fa3/fa3_sync.h"
+#include "attn/fa3/fa3_trios.h"
 #include "fattn.h"
 
 /* Everything the kernel needs besides the two tensor maps, by value: fa2's arguments (the
@@ -59,9 +60,7 @@ __device__ __forceinline__ uint32_t fa3__pair_at(const fa3__args &a, uint32_t w,
 }
 
 /* Work item w of entry ei, made into its tile: rows, head and KV blocks. Items stay the pairs
- * prep counts; under three consumers an entry's last trio (192 rows) takes its last pair's
- * item, the trio before it the pair before, and the entry's first pairs, left over, are empty
- * items (ceil(q / 192) trios in ceil(q / 128) pairs). */
+ * prep counts; under three consumers each carries a trio or is empty (fa3__trio_of). */
 template <int BN, int NC>
 __device__ __forceinline__ void fa3__tile_of(const fa3__args &a, uint32_t w, uint32_t ei, uint32_t num_pairs,
                                              fa3__tile *t) {
@@ -70,15 +69,15 @@ __device__ __forceinline__ void fa3__tile_of(const fa3__args &a, uint32_t w, uin
   constexpr uint32_t ROWS = NC * FATTN__Q_TILE;
   t->e = a.k.s.entries[ei];
   uint32_t unit = p - t->e.pair_start;
-  if constexpr (NC != 2) {
-    const uint32_t pairs = (t->e.q_len + FATTN__Q_PAIR - 1u) / FATTN__Q_PAIR, units = (t->e.q_len + ROWS - 1u) / ROWS;
-    if (unit + units < pairs) {
+  static_assert(NC == 2 || NC == 3, "work items are pairs or trios");
+  if constexpr (NC == 3) {
+    unit = fa3__trio_of(t->e.q_len, unit);
+    if (unit == UINT32_MAX) {
       t->R0 = t->e.q_len;
       t->tree = false;
       t->kb = t->ke = t->nblk = 0u;
       return;
     }
-    unit -= pairs - units;
   }
   t->R0 = unit * ROWS;
   t->tree = hdr->mode == FATTN_MODE_TARGET_VERIFY && t->e.mask_row != UINT32_MAX && a.k.s.mask;
