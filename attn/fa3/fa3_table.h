@@ -12,8 +12,8 @@
  *   DK, DV   the QK and PV dims of the tiles, in 64-dim slabs (d 96 runs the 128 row with its
  *            upper dims zero; d 192 has rows for d_v 128 and 192)
  *   NC       consumer warpgroups of 64 query rows: a work item is NC planner tiles. d 64 has a
- *            row of three, run where a step's sequences average FATTN__TRIO_MIN_Q query
- *            tokens (fa3__trios): its GEMMs are half as long for the same softmax, so a third
+ *            row of three, run in a build with FATTN__TRIOS where a step's sequences average
+ *            FATTN__TRIO_MIN_Q query tokens (fa3__trios): its GEMMs are half as long for the same softmax, so a third
  *            consumer's softmax runs under the other two's GEMMs (1.08-1.17x from 2k, H100,
  *            docs/performance.md); shorter causal rows lose to the wider tile's masked work
  *   BN       KV slots a block (the S GEMM's N)
@@ -42,8 +42,8 @@
   X(256, 256, 2, 64, 2, 2, 40, 232, lazy, regs, quad)
 
 /* The e4m3 kernels' rows (fattn_config.compute_dtype FP8_E4M3), two consumers each, P in
- * registers, one ring depth. A transposed V row is BN bytes: 128 slots at d 64 and 128 (the 128-byte swizzle), 64
- * at d 192 and 256 (the 64-byte swizzle), where S, O and P of 128 slots would not fit a
+ * registers, one ring depth. A transposed V row is BN bytes: 128 slots at d 64 and 128 (the
+ * 128-byte swizzle), 64 at d 192 and 256 (the 64-byte swizzle), where S, O and P of 128 slots would not fit a
  * consumer's registers (at d 256 they spilled 540 bytes). Stages fill 227 KB beside Q, staged
  * in 16 bits, and V's two landing slots. The producer transposes V: 56 registers at d 64 and
  * 128, 72 at d 192 and 256, whose consumers fit 216 without a spill (ptxas -v). */
