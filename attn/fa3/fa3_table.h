@@ -43,9 +43,9 @@
 
 /* The e4m3 kernels' rows (fattn_config.compute_dtype FP8_E4M3), two consumers each, P in
  * registers, one ring depth. A transposed V row is BN bytes: 128 slots at d 64 and 128 (the
- * 128-byte swizzle), 64 at d 192 and 256 (the 64-byte swizzle), where S, O and P of 128 slots would not fit a
- * consumer's registers (at d 256 they spilled 540 bytes). Stages fill 227 KB beside Q, staged
- * in 16 bits, and V's two landing slots. The producer transposes V: 56 registers at d 64 and
+ * 128-byte swizzle), 64 at d 192 and 256 (the 64-byte swizzle), where S, O and P of 128 slots
+ * would not fit a consumer's registers (at d 256 they spilled 540 bytes). Stages fill 227 KB
+ * beside Q, staged in 16 bits, and V's two landing slots. The producer transposes V: 56 registers at d 64 and
  * 128, 72 at d 192 and 256, whose consumers fit 216 without a spill (ptxas -v). */
 #define FA3__TABLE_E4M3(X)                    \
   /* DK   DV   BN  ST  P    C   softmax  O */   \
