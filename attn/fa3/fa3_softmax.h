@@ -16,7 +16,8 @@
 /* tanh(x) as 1 - 2 / (1 + e^2x) on the SFU (two MUFU and three FMA-pipe instructions), within
  * about 2^-21 of tanh: a softcap's scores, cap tanh(x / cap), need it absolute, not relative.
  * tanhf's two ranges took the registers of the 240-register consumers (128 spill instructions
- * at e4m3 d 256, 128-slot blocks). */
+ * at e4m3 d 256, 128-slot blocks). In a build with FATTN__E4_WIDE only, until its GPU gates
+ * have run on it. */
 __device__ __forceinline__ float fa3__tanh(float x) {
   float r;
   asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(1.f + fa2__exp2(x * (2.f * FA2__LOG2E))));
