@@ -132,7 +132,7 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
     auto soft = [&](uint32_t blk, float *alpha) {
       if (softcap > 0.f) {
 #pragma unroll
-        for (int i = 0; i < BN / 2; i++) sc[i] = softcap * (FATTN__E4_WIDE ? fa3__tanh(sc[i] * cap_mul) : tanhf(sc[i] * cap_mul)) * FA2__LOG2E;
+        for (int i = 0; i < BN / 2; i++) sc[i] = softcap * tanhf(sc[i] * cap_mul) * FA2__LOG2E;
       }
       mask.apply(sc, l, causal, t, t.kb + blk * BN, c4);
       sm_rows.step(sc, softcap > 0.f ? 1.f : sl2, alpha);

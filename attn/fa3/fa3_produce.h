@@ -30,10 +30,9 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
   const uint32_t psm = (1u << a.k.ps_shift) - 1u, num_pairs = a.k.s.hdr->num_pairs;
   const uint32_t work = fa3__work(a, num_pairs);
   fa3__ring<ST> at; /* the next block's stage */
-  /* e4m3: V of a TMA block lands in raw slot n % RAW_SLOTS (its n-th landing) and is
-   * transposed into its stage only once the next block's K (and, with two slots, V) is issued,
-   * so that its landing's latency runs under that issue and not on the producer's path; `pend`
-   * is that block. */
+  /* e4m3: V of a TMA block lands in raw slot n % 2 (its n-th landing) and is transposed into
+   * its stage only once the next block's K and V are issued, so that its landing's latency
+   * runs under that issue and not on the producer's path; `pend` is that block. */
   uint32_t raw_n = 0u;
   struct {
     bool on;
@@ -48,8 +47,8 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
   };
   auto finish = [&]() { /* the pending block's V^T, into its stage, signalled on full_v */
     if (!pend.on) return;
-    const uint32_t slot = pend.n % C::RAW_SLOTS;
-    fa3__wait(&sm->raw_full[slot], (pend.n / C::RAW_SLOTS) & 1u);
+    const uint32_t slot = pend.n & 1u;
+    fa3__wait(&sm->raw_full[slot], (pend.n >> 1) & 1u);
     fa3__wait(&sm->empty_v[pend.stage], pend.phase ^ 1u);
     write_vt(sm->raw + slot * C::RAW_SLOT, pend.stage);
     if (tid == 0u) fa3__arrive(&sm->full_v[pend.stage]);
@@ -92,10 +91,8 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
             fa3__tma3(kd + sl * C::KV_SLAB + lane * pb * 128u, tk, sl * SLAB_DIMS, (int)kvh, row, &sm->full_k[s]);
         }
         if constexpr (E4) {
-          /* two slots: the slot's last landing, two back, was transposed when the block after it
-           * was issued; one slot: the landing before is transposed first */
-          const uint32_t rs = raw_n % C::RAW_SLOTS;
-          if (C::RAW_SLOTS == 1) finish();
+          /* the slot's last landing, two back, was transposed when the block after it was issued */
+          const uint32_t rs = raw_n & 1u;
           if (tid == 0u) fa3__arrive_tx(&sm->raw_full[rs], C::RAW_SLOT);
           __syncwarp();
           if (mine) {
@@ -104,7 +101,7 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
               fa3__tma3(sm->raw + rs * C::RAW_SLOT + sl * C::KV_SLAB + lane * pb * 128u, tv, sl * SLAB_DIMS, (int)kvh,
                         row, &sm->raw_full[rs]);
           }
-          if (C::RAW_SLOTS == 2) finish();
+          finish();
           pend.on = true;
           pend.n = raw_n++;
           pend.stage = s;

@@ -13,17 +13,6 @@
  * accumulator rows must take; m is kept in log2 units. LAZY says whether alpha is often
  * exactly 1, so that a warp should vote to skip the rescale of O. */
 
-/* tanh(x) as 1 - 2 / (1 + e^2x) on the SFU (two MUFU and three FMA-pipe instructions), within
- * about 2^-21 of tanh: a softcap's scores, cap tanh(x / cap), need it absolute, not relative.
- * tanhf's two ranges took the registers of the 240-register consumers (128 spill instructions
- * at e4m3 d 256, 128-slot blocks). In a build with FATTN__E4_WIDE only, until its GPU gates
- * have run on it. */
-__device__ __forceinline__ float fa3__tanh(float x) {
-  float r;
-  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(1.f + fa2__exp2(x * (2.f * FA2__LOG2E))));
-  return fmaf(-2.f, r, 1.f);
-}
-
 /* mx: each of the two rows' max, raised to its scores'. The max is taken on raw scores, since
  * mul > 0 keeps their order. */
 template <int BN> __device__ __forceinline__ void fa3__rows_max(const float *s, float *mx) {

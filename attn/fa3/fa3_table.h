@@ -43,26 +43,17 @@
 
 /* The e4m3 kernels' rows (fattn_config.compute_dtype FP8_E4M3), two consumers each, P in
  * registers, one ring depth. A transposed V row is BN bytes: 128 slots at d 64 and 128 (the
- * 128-byte swizzle), 64 at d 192 (the 64-byte swizzle). Stages fill 227 KB beside Q, staged in
- * 16 bits, and V's landing slots (two where they fit). The producer transposes V: 56 registers
- * at d 64 and 128, 72 at d 192, whose consumers fit 216 without a spill (ptxas -v). d 256 runs
- * 128-slot blocks in a build with FATTN__E4_WIDE (S, O and P of a consumer in 240 registers,
- * the producer's `ldmatrix` transposition in 24, two stages and one landing slot), else 64. */
-#ifndef FATTN__E4_WIDE
-#define FATTN__E4_WIDE 0
-#endif
-#if FATTN__E4_WIDE
-#define FA3__E4M3_D256(X) X(256, 256, 128, 2, 24, 240, lazy, quad)
-#else
-#define FA3__E4M3_D256(X) X(256, 256, 64, 4, 72, 216, lazy, quad)
-#endif
+ * 128-byte swizzle), 64 at d 192 and 256 (the 64-byte swizzle), where S, O and P of 128 slots
+ * would not fit a consumer's registers (at d 256 they spilled 540 bytes). Stages fill 227 KB
+ * beside Q, staged in 16 bits, and V's two landing slots. The producer transposes V: 56 registers at d 64 and
+ * 128, 72 at d 192 and 256, whose consumers fit 216 without a spill (ptxas -v). */
 #define FA3__TABLE_E4M3(X)                    \
   /* DK   DV   BN  ST  P    C   softmax  O */   \
   X(64, 64, 128, 4, 56, 224, exact, pair)         \
   X(128, 128, 128, 4, 56, 224, exact, pair)       \
   X(192, 128, 64, 4, 72, 216, lazy, pair)         \
   X(192, 192, 64, 3, 72, 216, lazy, pair)         \
-  FA3__E4M3_D256(X)
+  X(256, 256, 64, 4, 72, 216, lazy, quad)
 
 /* A head dim rounded up to the 64-dim slabs of the tiles. */
 #define FA3__DK(hd) (((hd) + 63u) / 64u * 64u)
@@ -149,10 +140,7 @@ template <int DK, int DV, int KV, int NC> struct fa3__cfg {
   static constexpr int V_BYTES = E4 ? DV * BN : SV * KV_SLAB; /* e4m3: [DV][BN B], else as K */
   static constexpr int STAGE = K_BYTES + V_BYTES;
   static constexpr int RAW_SLOT = SV * KV_SLAB;   /* e4m3: one block's V as landed */
-  /* e4m3: two landing slots where they fit beside Q and the stages (a block's V lands while
-   * the one before is transposed), else one */
-  static constexpr int RAW_SLOTS = NC * Q_WG + ST * STAGE + 2 * RAW_SLOT + 2048 <= 227 * 1024 ? 2 : 1;
-  static constexpr int RAW = KV == FA3__KV_WIDEN ? BN * (DK + DV) : E4 ? RAW_SLOTS * RAW_SLOT : 8;
+  static constexpr int RAW = KV == FA3__KV_WIDEN ? BN * (DK + DV) : E4 ? 2 * RAW_SLOT : 8;
   /* P of one consumer where it goes through shared memory: [BN / 64 slabs][64 rows][128 B]
    * (else a 16-byte placeholder, since an array may not be empty) */
   static constexpr int P_WG = P_SMEM ? BN / 64 * 64 * 128 : 16;
@@ -170,7 +158,7 @@ template <int DK, int DV, int KV, int NC> struct fa3__smem {
   using C = fa3__cfg<DK, DV, KV, NC>;
   char q[NC][C::Q_WG];        /* consumer c's 64 query rows, [slab][64][128 B] */
   char kv[C::ST][C::STAGE];   /* the ring: K [slab][BN][128 B], then V (e4m3: V^T) */
-  char raw[C::RAW];           /* fp8: the producer's landing area (e4m3: RAW_SLOTS slots) */
+  char raw[C::RAW];           /* fp8: the producer's landing area (e4m3: two slots) */
   uint64_t full_k[C::ST], full_v[C::ST];   /* a stage's K / V landed (producer arrives) */
   uint64_t empty_k[C::ST], empty_v[C::ST]; /* a stage's K / V read (one arrive a consumer warp) */
   uint64_t raw_full[2];                    /* e4m3: a block's V landed in raw slot i (TMA) */
