@@ -170,6 +170,8 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
     auto release_k_after_softmax = [&](const fa3__ring<ST> &at) {
       if (lane == 0 && !(sm_rows.l[0] + sm_rows.l[1] < 0.f)) fa3__arrive(&sm->empty_k[at.stage]);
     };
+    /* the next consumer round the ring; a pair's as c ^ 1, whose SASS is the measured one (the
+     * modulo, signed or not, changes the two-consumer kernels' code) */
     const int my_turn = FA3__BAR_TURN + c, their_turn = FA3__BAR_TURN + (NC == 2 ? c ^ 1 : (c + 1) % NC);
     /* Blocks this consumer's GEMMs run: a tile's blocks cover its last row's causal range, and
      * where its rows span more than a block, its first consumers' rows see fewer; their later

@@ -14,7 +14,7 @@
 #endif
 
 /* Whether the three-consumer rows run at all: off until `make gpu-test` and `make
- * gpu-sanitize` have passed on a build that runs them. A build with -DFATTN__TRIOS=1 (host and
+ * gpu-sanitize` have passed on a build that runs them (gpu-test has, H100). A build with -DFATTN__TRIOS=1 (host and
  * CUDA flags alike) runs them, for those gates and for measurement (docs/performance.md); the
  * rows are compiled either way. */
 #ifndef FATTN__TRIOS
