@@ -283,7 +283,7 @@ static double run_case(const cfg *c, int route, int *ok) {
   s.cap_tiles = h.num_tiles;
   s.max_splits = h.max_splits; /* as attn/step.c: the decode grid and kind follow it */
   if (route == 1) { s.cap_entries += 3; s.cap_q_tokens += 5; s.cap_tiles += 2; }
-#if defined(FATTN_TEST_FA3) && FATTN__TRIOS /* caps of long sequences: three-consumer rows */
+#ifdef FATTN_TEST_FA3 /* caps of long sequences: three-consumer rows */
   if (route == 1 && (c->mode == FATTN_MODE_PREFILL || c->mode == FATTN_MODE_CROSS) &&
       s.cap_q_tokens < FATTN__TRIO_MIN_Q * s.cap_entries)
     s.cap_q_tokens = FATTN__TRIO_MIN_Q * s.cap_entries;

@@ -161,13 +161,9 @@ template <int DV, int BN> __device__ __forceinline__ void fa3__transpose_v_ldsm(
   }
 }
 
-/* Which transposition the producer runs: the word one (measured), or, in a build with
- * -DFATTN__V_LDSM=1, the matrix one, until its GPU gates have run on it. */
-#ifndef FATTN__V_LDSM
-#define FATTN__V_LDSM 0
-#endif
-template <int DV, int BN> __device__ __forceinline__ void fa3__transpose_v(const char *raw, char *vt, uint32_t tid) {
-  if constexpr (FATTN__V_LDSM) fa3__transpose_v_ldsm<DV, BN>(raw, vt, tid);
+/* The transposition the table row names (its VT column): the matrix one or the word one. */
+template <int DV, int BN, bool MATRIX> __device__ __forceinline__ void fa3__transpose_v(const char *raw, char *vt, uint32_t tid) {
+  if constexpr (MATRIX) fa3__transpose_v_ldsm<DV, BN>(raw, vt, tid);
   else fa3__transpose_v_words<DV, BN>(raw, vt, tid);
 }
 

@@ -11,14 +11,6 @@
 
 #ifdef __CUDACC__
 
-/* Whether pairs of 64-slot blocks (d 192, 256; 16-bit operands: the e4m3 d 256 kernel spilled
- * 92 bytes more with it) skip the causal blocks past their first consumer's rows, as three
- * consumers do: in a build with -DFATTN__PAIR_SKIP=1 only, until its GPU gates have run on it
- * (docs/performance.md). */
-#ifndef FATTN__PAIR_SKIP
-#define FATTN__PAIR_SKIP 0
-#endif
-
 /* The mainloop's contract. Consumer c of NC takes every item the scheduler posts and owns
  * rows R0 + 64 c.. of its tile: it waits for a stage's K (full_k) and frees it (empty_k, one
  * arrive a warp) once its S GEMM has completed, V likewise after P V. Block blk's S GEMM is
@@ -175,8 +167,9 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
     const int my_turn = FA3__BAR_TURN + c, their_turn = FA3__BAR_TURN + (NC == 2 ? c ^ 1 : (c + 1) % NC);
     /* Blocks this consumer's GEMMs run: a tile's blocks cover its last row's causal range, and
      * where its rows span more than a block, its first consumers' rows see fewer; their later
-     * blocks (nb on) are waited for, freed and their turns passed on, with no GEMM. */
-    constexpr bool SKIP = 64 * NC > BN && (NC == 3 || (FATTN__PAIR_SKIP && !E4));
+     * blocks (nb on) are waited for, freed and their turns passed on, with no GEMM. Not for
+     * e4m3 pairs: the d 256 kernel spilled 92 bytes more with it. */
+    constexpr bool SKIP = 64 * NC > BN && !E4;
     uint32_t nb = t.nblk;
     if constexpr (SKIP) {
       if (causal && !t.tree && rows) {

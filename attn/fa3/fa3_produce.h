@@ -41,7 +41,7 @@ __device__ __forceinline__ void fa3__produce(const fa3__args &a, const CUtensorM
   /* e4m3: V landed in src written transposed into stage s, fenced for wgmma; on return the
    * stage's V^T is whole and src free again */
   auto write_vt = [&](const char *src, uint32_t s) {
-    fa3__transpose_v<DV, BN>(src, sm->kv[s] + C::K_BYTES, tid);
+    fa3__transpose_v<DV, BN, C::V_MATRIX>(src, sm->kv[s] + C::K_BYTES, tid);
     fa3__fence_async();
     fa3__sync(FA3__BAR_PRODUCER, 128);
   };

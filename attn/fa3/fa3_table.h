@@ -12,8 +12,8 @@
  *   DK, DV   the QK and PV dims of the tiles, in 64-dim slabs (d 96 runs the 128 row with its
  *            upper dims zero; d 192 has rows for d_v 128 and 192)
  *   NC       consumer warpgroups of 64 query rows: a work item is NC planner tiles. d 64 has a
- *            row of three, run in a build with FATTN__TRIOS where a step's sequences average
- *            FATTN__TRIO_MIN_Q query tokens (fa3__trios): its GEMMs are half as long for the
+ *            row of three, run where a step's sequences average FATTN__TRIO_MIN_Q
+ *            query tokens (fa3__trios): its GEMMs are half as long for the
  *            same softmax, so a third consumer's softmax runs under the other two's GEMMs
  *            (1.08-1.17x from 2k non-causal, 1.06-1.12x from 4k causal, H100,
  *            docs/performance.md); shorter causal rows lose to the wider tile's masked work
@@ -46,15 +46,19 @@
  * registers, one ring depth. A transposed V row is BN bytes: 128 slots at d 64 and 128 (the
  * 128-byte swizzle), 64 at d 192 and 256 (the 64-byte swizzle), where S, O and P of 128 slots
  * would not fit a consumer's registers (at d 256 they spilled 540 bytes). Stages fill 227 KB
- * beside Q, staged in 16 bits, and V's two landing slots. The producer transposes V: 56 registers at d 64 and
- * 128, 72 at d 192 and 256, whose consumers fit 216 without a spill (ptxas -v). */
-#define FA3__TABLE_E4M3(X)                    \
-  /* DK   DV   BN  ST  P    C   softmax  O */   \
-  X(64, 64, 128, 4, 56, 224, exact, pair)         \
-  X(128, 128, 128, 4, 56, 224, exact, pair)       \
-  X(192, 128, 64, 4, 72, 216, lazy, pair)         \
-  X(192, 192, 64, 3, 72, 216, lazy, pair)         \
-  X(256, 256, 64, 4, 72, 216, lazy, quad)
+ * beside Q, staged in 16 bits, and V's two landing slots. The producer transposes V: 56
+ * registers at d 64 and 128, 72 at d 192 and 256, whose consumers fit 216 without a spill
+ * (ptxas -v).
+ *   VT       how the producer transposes V (fa3_fp8.h): words (16-byte loads and byte
+ *            permutes, a 4-byte store each) or matrix (ldmatrix.trans, a permute, stmatrix):
+ *            matrix measured 1.03-1.06x at d 128 and 0.95-0.98 at d 64 (H100) */
+#define FA3__TABLE_E4M3(X)                        \
+  /* DK   DV   BN  ST  P    C   softmax  O    VT */   \
+  X(64, 64, 128, 4, 56, 224, exact, pair, words)      \
+  X(128, 128, 128, 4, 56, 224, exact, pair, matrix)   \
+  X(192, 128, 64, 4, 72, 216, lazy, pair, matrix)     \
+  X(192, 192, 64, 3, 72, 216, lazy, pair, matrix)     \
+  X(256, 256, 64, 4, 72, 216, lazy, quad, matrix)
 
 /* A head dim rounded up to the 64-dim slabs of the tiles. */
 #define FA3__DK(hd) (((hd) + 63u) / 64u * 64u)
@@ -70,7 +74,7 @@ static inline uint32_t fa3__tile_slots(uint32_t head_dim, uint32_t head_dim_v, i
   if (!e4m3 && dk == DK && dv == DV) return BN;
   FA3__TABLE(FA3__ROW_BN)
 #undef FA3__ROW_BN
-#define FA3__E4_ROW_BN(DK, DV, BN, ST, P, C, SM, O) \
+#define FA3__E4_ROW_BN(DK, DV, BN, ST, P, C, SM, O, VT) \
   if (e4m3 && dk == DK && dv == DV) return BN;
   FA3__TABLE_E4M3(FA3__E4_ROW_BN)
 #undef FA3__E4_ROW_BN
@@ -86,13 +90,13 @@ static inline constexpr bool fa3__has_trios(uint32_t head_dim, uint32_t head_dim
 #undef FA3__ROW_TRIO
   return false;
 }
-/* Whether a step runs the three-consumer row (FATTN__TRIOS and FATTN__TRIO_MIN_Q, fa3_trios.h):
+/* Whether a step runs the three-consumer row (FATTN__TRIO_MIN_Q, fa3_trios.h):
  * 16-bit KV, prefill and cross steps (no graph captures them, so no replay meets a kernel its
  * eager step did not run), sequences of 2k query tokens on average by the caps (below, before
  * the causal skip, 0.86-0.88 of the two-consumer kernel at 512 and 1k causal, H100). */
 static inline bool fa3__trios(uint32_t head_dim, uint32_t head_dim_v, uint32_t kv_dtype, uint32_t mode,
                               uint32_t cap_q_tokens, uint32_t cap_entries) {
-  return FATTN__TRIOS && fa3__has_trios(head_dim, head_dim_v) && kv_dtype != FATTN_DTYPE_FP8_E4M3 &&
+  return fa3__has_trios(head_dim, head_dim_v) && kv_dtype != FATTN_DTYPE_FP8_E4M3 &&
          (mode == FATTN_MODE_PREFILL || mode == FATTN_MODE_CROSS) &&
          (uint64_t)cap_q_tokens >= (uint64_t)FATTN__TRIO_MIN_Q * cap_entries;
 }
@@ -107,14 +111,17 @@ template <int DK, int DV, bool E4, int NC> struct fa3__row;
 #define FA3__O_quad true
 #define FA3__PV_regs false
 #define FA3__PV_smem true
-#define FA3__ROW_TRAITS(E4, DK, DV, NC, BN_, ST_, ST8_, P, C, SM, PV, O)         \
-  template <> struct fa3__row<DK, DV, E4, NC> {                                  \
-    static constexpr int BN = BN_, ST = ST_, ST8 = ST8_, P_REGS = P, C_REGS = C; \
-    static constexpr bool QUAD_O = FA3__O_##O, P_SMEM = FA3__PV_##PV;            \
-    template <int N> using softmax = fa3__softmax_##SM<N>;                       \
+#define FA3__VT_words false
+#define FA3__VT_matrix true
+#define FA3__ROW_TRAITS(E4, DK, DV, NC, BN_, ST_, ST8_, P, C, SM, PV, O, VT)               \
+  template <> struct fa3__row<DK, DV, E4, NC> {                                            \
+    static constexpr int BN = BN_, ST = ST_, ST8 = ST8_, P_REGS = P, C_REGS = C;           \
+    static constexpr bool QUAD_O = FA3__O_##O, P_SMEM = FA3__PV_##PV, V_MATRIX = FA3__VT_##VT; \
+    template <int N> using softmax = fa3__softmax_##SM<N>;                                 \
   };
-#define FA3__ROW_16(...) FA3__ROW_TRAITS(false, __VA_ARGS__)
-#define FA3__ROW_E4(DK, DV, BN, ST, P, C, SM, O) FA3__ROW_TRAITS(true, DK, DV, 2, BN, ST, ST, P, C, SM, regs, O)
+#define FA3__ROW_16(...) FA3__ROW_TRAITS(false, __VA_ARGS__, words)
+#define FA3__ROW_E4(DK, DV, BN, ST, P, C, SM, O, VT) \
+  FA3__ROW_TRAITS(true, DK, DV, 2, BN, ST, ST, P, C, SM, regs, O, VT)
 FA3__TABLE(FA3__ROW_16)
 FA3__TABLE_E4M3(FA3__ROW_E4)
 #undef FA3__ROW_E4
@@ -133,7 +140,7 @@ template <int DK, int DV, int KV, int NC> struct fa3__cfg {
   static constexpr int SK = E4 ? (DK + 127) / 128 : DK / 64, SV = E4 ? (DV + 127) / 128 : DV / 64;
   static constexpr int KSTEP = E4 ? 32 : 16;     /* dims a k-step of the S GEMM */
   static constexpr int P_REGS = R::P_REGS, C_REGS = R::C_REGS;
-  static constexpr bool QUAD_O = R::QUAD_O, P_SMEM = R::P_SMEM;
+  static constexpr bool QUAD_O = R::QUAD_O, P_SMEM = R::P_SMEM, V_MATRIX = R::V_MATRIX;
   /* one consumer's 64 rows: [slab][64][128 B]; e4m3 Q is staged there in 16 bits first */
   static constexpr int Q_WG = DK / 64 * 64 * 128;
   static constexpr int KV_SLAB = BN * 128;        /* [BN slots][128 B] */

@@ -13,14 +13,6 @@
 #define FATTN__TRIO_MIN_Q 2048u
 #endif
 
-/* Whether the three-consumer rows run at all: off until `make gpu-test` and `make
- * gpu-sanitize` have passed on a build that runs them (gpu-test has, H100). A build with -DFATTN__TRIOS=1 (host and
- * CUDA flags alike) runs them, for those gates and for measurement (docs/performance.md); the
- * rows are compiled either way. */
-#ifndef FATTN__TRIOS
-#define FATTN__TRIOS 0
-#endif
-
 /* Query rows a trio: the work unit of three consumers. */
 #define FATTN__Q_TRIO (3u * FATTN__Q_TILE)
 /* The trio (its index in the entry: rows FATTN__Q_TRIO x it..) that an entry's pair `pair`
