@@ -51,7 +51,8 @@
  * (ptxas -v).
  *   VT       how the producer transposes V (fa3_fp8.h): words (16-byte loads and byte
  *            permutes, a 4-byte store each) or matrix (ldmatrix.trans, a permute, stmatrix):
- *            matrix measured 1.03-1.06x at d 128 and 0.95-0.98 at d 64 (H100) */
+ *            matrix measured 1.03-1.09x at d 128, 1.02-1.04x at d 256 and 0.95-0.98 at d 64
+ *            (H100, docs/performance.md); d 192 runs it as d 256, unmeasured */
 #define FA3__TABLE_E4M3(X)                        \
   /* DK   DV   BN  ST  P    C   softmax  O    VT */   \
   X(64, 64, 128, 4, 56, 224, exact, pair, words)      \
