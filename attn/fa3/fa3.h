@@ -70,12 +70,16 @@ static int fa3__go(const fa3__args *a, const CUtensorMap *maps, int grid, cudaSt
 template <int DK, int DV>
 static int fa3__launch(const fa3__args *a, const CUtensorMap *maps, int grid, cudaStream_t st) {
   if (a->k.l.kv_dtype == FATTN_DTYPE_FP8_E4M3) {
-    if (a->k.l.compute_dtype == FATTN_DTYPE_FP8_E4M3)
+    if (a->k.l.compute_dtype == FATTN_DTYPE_FP8_E4M3) {
+      if constexpr (fa3__has_trios(DK, DV, true)) {
+        if (a->trios) return fa3__go<DK, DV, __nv_fp8_e4m3, FA3__KV_E4M3, 3>(a, maps, grid, st);
+      }
       return fa3__go<DK, DV, __nv_fp8_e4m3, FA3__KV_E4M3, 2>(a, maps, grid, st);
+    }
     return fa3__go<DK, DV, __half, FA3__KV_WIDEN, 2>(a, maps, grid, st);
   }
   const bool bf16 = a->k.l.q_dtype == FATTN_DTYPE_BF16;
-  if constexpr (fa3__has_trios(DK, DV)) {
+  if constexpr (fa3__has_trios(DK, DV, false)) {
     if (a->trios)
       return bf16 ? fa3__go<DK, DV, __nv_bfloat16, FA3__KV_16BIT, 3>(a, maps, grid, st)
                   : fa3__go<DK, DV, __half, FA3__KV_16BIT, 3>(a, maps, grid, st);

@@ -67,7 +67,7 @@ extern "C" int fattn__fa3_attend(fattn__layer_params l, fattn__step_params s, co
   CUtensorMap none[2];
   const CUtensorMap *maps = (const CUtensorMap *)l.tmaps;
   a.use_tma = maps != NULL; /* fattn__fa3_encode_maps makes them only where TMA serves */
-  a.trios = fa3__trios(l.head_dim, l.head_dim_v, l.kv_dtype, s.mode, s.cap_q_tokens, s.cap_entries);
+  a.trios = fa3__trios(l.head_dim, l.head_dim_v, l.kv_dtype, l.compute_dtype, s.mode, s.cap_q_tokens, s.cap_entries);
   if (!a.use_tma) {
     memset(none, 0, sizeof none);
     maps = none;

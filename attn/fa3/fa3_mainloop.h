@@ -169,7 +169,7 @@ __device__ __forceinline__ void fa3__consume(const fa3__args &a, int c, fa3__sme
      * where its rows span more than a block, its first consumers' rows see fewer; their later
      * blocks (nb on) are waited for, freed and their turns passed on, with no GEMM. Not for
      * e4m3 pairs: the d 256 kernel spilled 92 bytes more with it. */
-    constexpr bool SKIP = 64 * NC > BN && !E4;
+    constexpr bool SKIP = 64 * NC > BN && (NC == 3 || !E4);
     uint32_t nb = t.nblk;
     if constexpr (SKIP) {
       if (causal && !t.tree && rows) {

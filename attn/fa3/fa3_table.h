@@ -42,24 +42,28 @@
   X(192, 192, 2, 64, 3, 3, 56, 224, lazy, regs, pair)       \
   X(256, 256, 2, 64, 2, 2, 40, 232, lazy, regs, quad)
 
-/* The e4m3 kernels' rows (fattn_config.compute_dtype FP8_E4M3), two consumers each, P in
- * registers, one ring depth. A transposed V row is BN bytes: 128 slots at d 64 and 128 (the
- * 128-byte swizzle), 64 at d 192 and 256 (the 64-byte swizzle), where S, O and P of 128 slots
- * would not fit a consumer's registers (at d 256 they spilled 540 bytes). Stages fill 227 KB
- * beside Q, staged in 16 bits, and V's two landing slots. The producer transposes V: 56
- * registers at d 64 and 128, 72 at d 192 and 256, whose consumers fit 216 without a spill
- * (ptxas -v).
+/* The e4m3 kernels' rows (fattn_config.compute_dtype FP8_E4M3), P in registers, one ring
+ * depth. A transposed V row is BN bytes: 128 slots at d 64 and 128 (the 128-byte swizzle), 64
+ * at d 192 and 256 (the 64-byte swizzle), where S, O and P of 128 slots would not fit a
+ * consumer's registers (at d 256 they spilled 540 bytes). Stages fill 227 KB beside Q, staged
+ * in 16 bits, and V's two landing slots. The producer transposes V: 56 registers at d 64 and
+ * 128, 72 at d 192 and 256, whose consumers fit 216 without a spill (ptxas -v). d 64 has a row
+ * of three consumers, as the 16-bit table (run under FATTN__E4_TRIOS, fa3_trios.h): its P of
+ * 128 slots is 16 registers in e4m3, so it stays in registers at 160; at 32 the matrix
+ * transposition's producer spills 39 instructions, and consumers at 152 beside a producer of
+ * 56 spilled 121 in the block loop (ptxas, against 29 at 160, most in the softcap branch).
  *   VT       how the producer transposes V (fa3_fp8.h): words (16-byte loads and byte
  *            permutes, a 4-byte store each) or matrix (ldmatrix.trans, a permute, stmatrix):
  *            matrix measured 1.03-1.09x at d 128, 1.02-1.04x at d 256 and 0.95-0.98 at d 64
  *            (H100, docs/performance.md); d 192 runs it as d 256, unmeasured */
-#define FA3__TABLE_E4M3(X)                        \
-  /* DK   DV   BN  ST  P    C   softmax  O    VT */   \
-  X(64, 64, 128, 4, 56, 224, exact, pair, words)      \
-  X(128, 128, 128, 4, 56, 224, exact, pair, matrix)   \
-  X(192, 128, 64, 4, 72, 216, lazy, pair, matrix)     \
-  X(192, 192, 64, 3, 72, 216, lazy, pair, matrix)     \
-  X(256, 256, 64, 4, 72, 216, lazy, quad, matrix)
+#define FA3__TABLE_E4M3(X)                            \
+  /* DK   DV  NC   BN  ST  P    C   softmax  O    VT */   \
+  X(64, 64, 2, 128, 4, 56, 224, exact, pair, words)       \
+  X(64, 64, 3, 128, 4, 32, 160, exact, pair, matrix)      \
+  X(128, 128, 2, 128, 4, 56, 224, exact, pair, matrix)    \
+  X(192, 128, 2, 64, 4, 72, 216, lazy, pair, matrix)      \
+  X(192, 192, 2, 64, 3, 72, 216, lazy, pair, matrix)      \
+  X(256, 256, 2, 64, 4, 72, 216, lazy, quad, matrix)
 
 /* A head dim rounded up to the 64-dim slabs of the tiles. */
 #define FA3__DK(hd) (((hd) + 63u) / 64u * 64u)
@@ -75,29 +79,35 @@ static inline uint32_t fa3__tile_slots(uint32_t head_dim, uint32_t head_dim_v, i
   if (!e4m3 && dk == DK && dv == DV) return BN;
   FA3__TABLE(FA3__ROW_BN)
 #undef FA3__ROW_BN
-#define FA3__E4_ROW_BN(DK, DV, BN, ST, P, C, SM, O, VT) \
+#define FA3__E4_ROW_BN(DK, DV, NC, BN, ST, P, C, SM, O, VT) \
   if (e4m3 && dk == DK && dv == DV) return BN;
   FA3__TABLE_E4M3(FA3__E4_ROW_BN)
 #undef FA3__E4_ROW_BN
   return 0u;
 }
 
-/* Whether the table has a row of three consumers for the head-dim pair (16-bit KV). */
-static inline constexpr bool fa3__has_trios(uint32_t head_dim, uint32_t head_dim_v) {
+/* Whether the table has a row of three consumers for the head-dim pair (16-bit KV, or e4m3). */
+static inline constexpr bool fa3__has_trios(uint32_t head_dim, uint32_t head_dim_v, bool e4m3) {
   const uint32_t dk = FA3__DK(head_dim), dv = FA3__DK(head_dim_v);
 #define FA3__ROW_TRIO(DK, DV, NC, BN, ST, ST8, P, C, SM, PV, O) \
-  if (dk == DK && dv == DV && NC == 3) return true;
+  if (!e4m3 && dk == DK && dv == DV && NC == 3) return true;
   FA3__TABLE(FA3__ROW_TRIO)
 #undef FA3__ROW_TRIO
+#define FA3__E4_ROW_TRIO(DK, DV, NC, BN, ST, P, C, SM, O, VT) \
+  if (e4m3 && dk == DK && dv == DV && NC == 3) return true;
+  FA3__TABLE_E4M3(FA3__E4_ROW_TRIO)
+#undef FA3__E4_ROW_TRIO
   return false;
 }
-/* Whether a step runs the three-consumer row (FATTN__TRIO_MIN_Q, fa3_trios.h):
- * 16-bit KV, prefill and cross steps (no graph captures them, so no replay meets a kernel its
- * eager step did not run), sequences of 2k query tokens on average by the caps (below, before
- * the causal skip, 0.86-0.88 of the two-consumer kernel at 512 and 1k causal, H100). */
-static inline bool fa3__trios(uint32_t head_dim, uint32_t head_dim_v, uint32_t kv_dtype, uint32_t mode,
-                              uint32_t cap_q_tokens, uint32_t cap_entries) {
-  return fa3__has_trios(head_dim, head_dim_v) && kv_dtype != FATTN_DTYPE_FP8_E4M3 &&
+/* Whether a step runs the three-consumer row (FATTN__TRIO_MIN_Q, fa3_trios.h): 16-bit KV, or
+ * the e4m3 policy where FATTN__E4_TRIOS (fp8 KV widened has no such row), prefill and cross
+ * steps (no graph captures them, so no replay meets a kernel its eager step did not run),
+ * sequences of 2k query tokens on average by the caps (below, before the causal skip, 0.86-0.88
+ * of the two-consumer kernel at 512 and 1k causal, H100). */
+static inline bool fa3__trios(uint32_t head_dim, uint32_t head_dim_v, uint32_t kv_dtype, uint32_t compute_dtype,
+                              uint32_t mode, uint32_t cap_q_tokens, uint32_t cap_entries) {
+  const bool fp8 = kv_dtype == FATTN_DTYPE_FP8_E4M3, e4m3 = fp8 && compute_dtype == FATTN_DTYPE_FP8_E4M3;
+  return (!fp8 || (e4m3 && FATTN__E4_TRIOS)) && fa3__has_trios(head_dim, head_dim_v, e4m3) &&
          (mode == FATTN_MODE_PREFILL || mode == FATTN_MODE_CROSS) &&
          (uint64_t)cap_q_tokens >= (uint64_t)FATTN__TRIO_MIN_Q * cap_entries;
 }
@@ -121,8 +131,8 @@ template <int DK, int DV, bool E4, int NC> struct fa3__row;
     template <int N> using softmax = fa3__softmax_##SM<N>;                                 \
   };
 #define FA3__ROW_16(...) FA3__ROW_TRAITS(false, __VA_ARGS__, words)
-#define FA3__ROW_E4(DK, DV, BN, ST, P, C, SM, O, VT) \
-  FA3__ROW_TRAITS(true, DK, DV, 2, BN, ST, ST, P, C, SM, regs, O, VT)
+#define FA3__ROW_E4(DK, DV, NC, BN, ST, P, C, SM, O, VT) \
+  FA3__ROW_TRAITS(true, DK, DV, NC, BN, ST, ST, P, C, SM, regs, O, VT)
 FA3__TABLE(FA3__ROW_16)
 FA3__TABLE_E4M3(FA3__ROW_E4)
 #undef FA3__ROW_E4

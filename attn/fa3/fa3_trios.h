@@ -13,6 +13,13 @@
 #define FATTN__TRIO_MIN_Q 2048u
 #endif
 
+/* Whether the e4m3 policy runs its row of three consumers (fa3_table.h): off until `make
+ * gpu-test` and `make gpu-sanitize` have passed on a build that runs it (a build with
+ * -DFATTN__E4_TRIOS=1 in the CUDA flags; the row is compiled either way). */
+#ifndef FATTN__E4_TRIOS
+#define FATTN__E4_TRIOS 0
+#endif
+
 /* Query rows a trio: the work unit of three consumers. */
 #define FATTN__Q_TRIO (3u * FATTN__Q_TILE)
 /* The trio (its index in the entry: rows FATTN__Q_TRIO x it..) that an entry's pair `pair`
