@@ -12,11 +12,11 @@
  *   DK, DV   the QK and PV dims of the tiles, in 64-dim slabs (d 96 runs the 128 row with its
  *            upper dims zero; d 192 has rows for d_v 128 and 192)
  *   NC       consumer warpgroups of 64 query rows: a work item is NC planner tiles. d 64 has a
- *            row of three, run where a step's sequences average FATTN__TRIO_MIN_Q
- *            query tokens (fa3__trios): its GEMMs are half as long for the
- *            same softmax, so a third consumer's softmax runs under the other two's GEMMs
- *            (1.08-1.17x from 2k non-causal, 1.06-1.12x from 4k causal, H100,
- *            docs/performance.md); shorter causal rows lose to the wider tile's masked work
+ *            row of three, run where a step's sequences average FATTN__TRIO_MIN_Q query
+ *            tokens (fa3__trios): its GEMMs are half as long for the same softmax, so a
+ *            third consumer's softmax runs under the other two's GEMMs (1.08-1.15x from 2k
+ *            non-causal, 1.03-1.12x from 4k causal, H100, docs/performance.md); shorter
+ *            causal rows lose to the wider tile's masked work
  *   BN       KV slots a block (the S GEMM's N)
  *   ST, ST8  K/V ring stages for 16-bit KV and for fp8 KV (whose raw landing area takes the
  *            room of a stage), as deep as 227 KB of shared memory allow
