@@ -14,7 +14,7 @@
  *   NC       consumer warpgroups of 64 query rows: a work item is NC planner tiles. d 64 has a
  *            row of three, run where a step's sequences average FATTN__TRIO_MIN_Q query
  *            tokens (fa3__trios): its GEMMs are half as long for the same softmax, so a
- *            third consumer's softmax runs under the other two's GEMMs (1.08-1.15x from 2k
+ *            third consumer's softmax runs under the other two's GEMMs (1.08-1.17x from 2k
  *            non-causal, 1.03-1.12x from 4k causal, H100, docs/performance.md); shorter
  *            causal rows lose to the wider tile's masked work
  *   BN       KV slots a block (the S GEMM's N)
