@@ -71,9 +71,10 @@
  * starts on a swizzle atom (8 rows of 128 bytes). */
 #define FA3__TMA_MIN_PAGE 8u
 
-/* KV slots a block of the layer's kernel (its table row; e4m3: the e4m3 policy's), 0 where
- * no row serves. */
-static inline uint32_t fa3__tile_slots(uint32_t head_dim, uint32_t head_dim_v, int e4m3) {
+/* KV slots a block of the layer's kernels (their table rows; e4m3: the e4m3 policy's), 0
+ * where no row serves: the layer's tensor maps are made with it once, so every row of a
+ * head-dim pair (two or three consumers) has the same BN (asserted in fa3__cfg). */
+static inline constexpr uint32_t fa3__tile_slots(uint32_t head_dim, uint32_t head_dim_v, int e4m3) {
   const uint32_t dk = FA3__DK(head_dim), dv = FA3__DK(head_dim_v);
 #define FA3__ROW_BN(DK, DV, NC, BN, ST, ST8, P, C, SM, PV, O) \
   if (!e4m3 && dk == DK && dv == DV) return BN;
@@ -169,6 +170,8 @@ template <int DK, int DV, int KV, int NC> struct fa3__cfg {
                 "the consumers ask for more registers than the producer frees");
   static_assert(!P_SMEM || !E4, "e4m3 P V reads P from registers");
   static_assert(!E4 || BN == 64 || BN == 128, "e4m3 V^T rows are one 64- or 128-byte swizzle row");
+  static_assert(BN == (int)fa3__tile_slots(DK, DV, E4),
+                "the layer's tensor maps box BN slots for every row of the head-dim pair");
 };
 
 /* The shared-memory plan: one struct, placed at a 1024-byte boundary (the swizzle atom), so
